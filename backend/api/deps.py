@@ -1,0 +1,25 @@
+"""Dependencies injected into the routers."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Header, HTTPException
+from sqlalchemy.orm import Session
+
+from backend.db import get_session
+from backend.settings import Settings, get_settings
+
+SessionDep = Annotated[Session, Depends(get_session)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def require_ingest_token(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
+    expected = settings.resolved_ingest_token()
+    given = (authorization or "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise HTTPException(401, "ingest needs 'Authorization: Bearer <DETLAB_INGEST_TOKEN>'")
+
+
+IngestAuth = Depends(require_ingest_token)

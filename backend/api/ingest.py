@@ -1,0 +1,63 @@
+"""Ingest: the authenticated path by which workers and the SDK report runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+
+from backend import ingest
+from backend.api.deps import IngestAuth, SessionDep, SettingsDep
+from backend.models import Run
+from backend.schemas import Claim, Finish, Heartbeat, RecordsBatch
+
+router = APIRouter(prefix="/api/v1/ingest", tags=["ingest"], dependencies=[IngestAuth])
+
+
+def _run(session: SessionDep, run_id: int) -> Run:
+    # Row lock on PostgreSQL so two workers cannot claim or finish one run at once.
+    run = session.get(Run, run_id, with_for_update=session.get_bind().dialect.name == "postgresql")
+    if run is None:
+        raise HTTPException(404, f"no run {run_id}")
+    return run
+
+
+@router.post("/runs/{run_id}/claim")
+def claim_run(run_id: int, body: Claim, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    try:
+        spec = ingest.claim(session=session, run=_run(session, run_id), worker=body.worker,
+                            stale_after_s=settings.run_stale_after_s)
+    except ingest.Conflict as exc:
+        raise HTTPException(409, str(exc)) from exc
+    session.commit()
+    return spec
+
+
+@router.post("/runs/{run_id}/records")
+def add_records(run_id: int, batch: RecordsBatch, session: SessionDep) -> dict[str, int]:
+    try:
+        accepted = ingest.add_records(session=session, run=_run(session, run_id), batch=batch)
+    except ingest.Conflict as exc:
+        raise HTTPException(409, str(exc)) from exc
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    session.commit()
+    return {"accepted": accepted}
+
+
+@router.post("/runs/{run_id}/finish")
+def finish_run(run_id: int, body: Finish, session: SessionDep) -> dict[str, str]:
+    run = _run(session, run_id)
+    try:
+        ingest.finish(session=session, run=run, attempt=body.attempt, status=body.status, error=body.error)
+    except ingest.Conflict as exc:
+        raise HTTPException(409, str(exc)) from exc
+    session.commit()
+    return {"status": run.status}
+
+
+@router.post("/heartbeat")
+def heartbeat(beat: Heartbeat, session: SessionDep) -> dict[str, bool]:
+    ingest.heartbeat(session=session, beat=beat)
+    session.commit()
+    return {"ok": True}

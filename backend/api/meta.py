@@ -1,0 +1,40 @@
+"""Health, workloads and presets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from backend import configs
+from backend.api.deps import SessionDep, SettingsDep
+from backend.ingest import live_workers
+from worker.workloads import describe
+
+router = APIRouter(prefix="/api/v1", tags=["meta"])
+
+
+@router.get("/health")
+def health(session: SessionDep, settings: SettingsDep) -> JSONResponse:
+    """200 once the database answers and a worker has beaten recently; 503 with the reason otherwise."""
+    try:
+        session.execute(text("SELECT 1"))
+    except Exception as exc:  # noqa: BLE001 - any database failure means not ready
+        return JSONResponse({"status": "unavailable", "database": str(exc)[:200]}, status_code=503)
+    workers = live_workers(session=session, within_s=settings.run_stale_after_s)
+    body = {"status": "ok" if workers else "no worker", "database": "ok",
+            "workers": [{"name": w.name, "queue": w.queue, "run_id": w.info.get("run_id")} for w in workers]}
+    return JSONResponse(body, status_code=200 if workers else 503)
+
+
+@router.get("/workloads")
+def workloads() -> list[dict[str, Any]]:
+    return describe()
+
+
+@router.get("/presets")
+def presets() -> list[dict[str, Any]]:
+    return [{"name": name, "description": desc, "config": configs.preset(name).model_dump()}
+            for name, (desc, _) in configs.PRESETS.items()]

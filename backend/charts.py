@@ -1,0 +1,228 @@
+"""Plotly figure builders for the comparison page: plain comparison dict in, plain figure dict out."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+# Config A / config B colours, shared by every figure so the two runs read the same everywhere.
+COLOR_A = "#1f77b4"
+COLOR_B = "#ff7f0e"
+COLOR_DIFF = "#d62728"
+COLOR_NEUTRAL = "#7f7f7f"
+
+FIRST_DIVERGENCE = "first divergence"
+
+
+def _as_dict(fig: go.Figure) -> dict[str, Any]:
+    # to_json turns numpy arrays and typed arrays into plain lists, so the result is JSON-safe.
+    result: dict[str, Any] = json.loads(fig.to_json())
+    return result
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _loss_points(points: list[list[float]] | None) -> dict[int, float]:
+    """Step → loss, dropping points a JSON encoder or a blown-up run made non-finite."""
+    return {int(step): float(loss) for step, loss in points or [] if _finite(loss)}
+
+
+def abs_loss_delta(loss: dict[str, Any] | None) -> tuple[list[int], list[float]]:
+    """|loss_a − loss_b| on the steps both runs recorded, keeping only values a log axis can show (> 0)."""
+    loss = loss or {}
+    a, b = _loss_points(loss.get("a")), _loss_points(loss.get("b"))
+    steps = sorted(set(a) & set(b))
+    pairs = [(s, abs(a[s] - b[s])) for s in steps]
+    kept = [(s, d) for s, d in pairs if d > 0]
+    return [s for s, _ in kept], [d for _, d in kept]
+
+
+def _title(comparison: dict[str, Any]) -> str:
+    verdict = comparison.get("verdict")
+    compared = comparison.get("steps_compared") or 0
+    if verdict == "identical":
+        return f"Identical: all {compared} compared steps are bit-equal"
+    if verdict == "diverged":
+        step = comparison.get("first_divergent_step")
+        differing = comparison.get("steps_differing") or 0
+        return f"Diverged at step {step}: {differing} of {compared} steps differ"
+    reason = comparison.get("reason") or "no reason given"
+    return f"Incomparable: {reason}"
+
+
+def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
+    """Tensors differing per step (top) and loss A/B with |Δloss| on a log axis (bottom), sharing x=step.
+
+    A diverged comparison gets a vertical line, an annotation and a scatter trace, all named
+    "first divergence", at its first divergent step; identical and incomparable ones get none.
+    """
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        row_heights=[0.45, 0.55],
+        specs=[[{}], [{"secondary_y": True}]],
+    )
+    per_step = comparison.get("per_step") or []
+    steps = [int(p["step"]) for p in per_step]
+    differing = [int(p.get("tensors_differing") or 0) for p in per_step]
+    fig.add_trace(
+        go.Bar(
+            x=steps,
+            y=differing,
+            name="tensors differing",
+            marker_color=[COLOR_DIFF if d else COLOR_NEUTRAL for d in differing],
+            hovertemplate="step %{x}: %{y} tensors differ<extra></extra>",
+        ),
+        row=1,
+        col=1,
+    )
+
+    first = comparison.get("first_divergent_step")
+    if comparison.get("verdict") == "diverged" and first is not None:
+        at_first = dict(zip(steps, differing, strict=True)).get(int(first), 0)
+        fig.add_trace(
+            go.Scatter(
+                x=[first],
+                y=[at_first],
+                name=FIRST_DIVERGENCE,
+                mode="markers",
+                marker={"symbol": "triangle-down", "size": 12, "color": COLOR_DIFF},
+                hovertemplate="first divergence: step %{x}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+        # One line through both panels, so the loss curves can be read against the divergence.
+        fig.add_shape(
+            type="line",
+            name=FIRST_DIVERGENCE,
+            xref="x",
+            yref="paper",
+            x0=first,
+            x1=first,
+            y0=0,
+            y1=1,
+            line={"color": COLOR_DIFF, "dash": "dash", "width": 1.5},
+        )
+        fig.add_annotation(
+            name=FIRST_DIVERGENCE,
+            text=f"first divergence: step {first}",
+            x=first,
+            xref="x",
+            y=1,
+            yref="paper",
+            yanchor="bottom",
+            showarrow=False,
+            font={"color": COLOR_DIFF},
+        )
+
+    loss = comparison.get("loss") or {}
+    for key, label, color in (("a", "loss A", COLOR_A), ("b", "loss B", COLOR_B)):
+        points = _loss_points(loss.get(key))
+        fig.add_trace(
+            go.Scatter(
+                x=list(points),
+                y=list(points.values()),
+                name=label,
+                mode="lines",
+                line={"color": color, "dash": "solid" if key == "a" else "dot"},
+            ),
+            row=2,
+            col=1,
+            secondary_y=False,
+        )
+    delta_steps, delta = abs_loss_delta(loss)
+    if delta:
+        fig.add_trace(
+            go.Scatter(
+                x=delta_steps,
+                y=delta,
+                name="|Δloss|",
+                mode="lines+markers",
+                marker={"size": 4},
+                line={"color": COLOR_DIFF, "width": 1},
+            ),
+            row=2,
+            col=1,
+            secondary_y=True,
+        )
+
+    fig.update_yaxes(title_text="tensors differing", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="loss", row=2, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="|Δloss|", type="log", dtick=1, exponentformat="power", showgrid=False,
+                     row=2, col=1, secondary_y=True)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_layout(
+        title={"text": _title(comparison)},
+        template="plotly_white",
+        height=560,
+        margin={"l": 60, "r": 60, "t": 90, "b": 50},
+        legend={"orientation": "h", "y": -0.15},
+        bargap=0.1,
+    )
+    return _as_dict(fig)
+
+
+def cost_label(cost: float | None) -> str:
+    """Text for a config's throughput cost versus the baseline (config 0): '19.0% slower', 'baseline'."""
+    if cost is None:
+        return "baseline"
+    if cost < 0:
+        return f"{-cost:.1%} faster"
+    return f"{cost:.1%} slower"
+
+
+def config_label(index: int, name: str) -> str:
+    """'A: default' for config 0, 'B: ...' for config 1, the index itself beyond two configs."""
+    letter = "AB"[index] if index in (0, 1) else str(index)
+    return f"{letter}: {name}"
+
+
+def throughput_figure(comparison: dict[str, Any]) -> dict[str, Any]:
+    """Samples/s per config as bars, with min/max spread as error bars and the cost over each bar."""
+    rows = [r for r in comparison.get("throughput") or [] if _finite(r.get("samples_per_s"))]
+    labels = [config_label(int(r["config_index"]), str(r.get("name") or "")) for r in rows]
+    values = [float(r["samples_per_s"]) for r in rows]
+    spreads = [r.get("spread") or [v, v] for r, v in zip(rows, values, strict=True)]
+    fig = go.Figure(
+        go.Bar(
+            x=labels,
+            y=values,
+            name="samples/s",
+            marker_color=[COLOR_A if r["config_index"] == 0 else COLOR_B for r in rows],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": [max(hi - v, 0.0) for (_, hi), v in zip(spreads, values, strict=True)],
+                "arrayminus": [max(v - lo, 0.0) for (lo, _), v in zip(spreads, values, strict=True)],
+            },
+            hovertemplate="%{x}: %{y:.1f} samples/s<extra></extra>",
+        )
+    )
+    for row, label, (_, hi), value in zip(rows, labels, spreads, values, strict=True):
+        fig.add_annotation(
+            name=f"cost {row['config_index']}",
+            x=label,
+            y=max(hi, value),
+            text=cost_label(row.get("cost")),
+            showarrow=False,
+            yanchor="bottom",
+            yshift=4,
+        )
+    fig.update_layout(
+        title={"text": "Throughput (median, min–max over runs)"},
+        template="plotly_white",
+        yaxis={"title": {"text": "samples/s"}, "rangemode": "tozero"},
+        height=340,
+        margin={"l": 60, "r": 30, "t": 60, "b": 40},
+        showlegend=False,
+    )
+    return _as_dict(fig)

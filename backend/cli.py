@@ -1,0 +1,133 @@
+"""The `detlab` command line: run the services, submit jobs, migrate the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+app = typer.Typer(help="detlab: where two training runs diverge, and what reproducibility costs.",
+                  no_args_is_help=True, add_completion=False)
+
+
+def _migrate() -> None:
+    from alembic import command
+
+    from migrations import alembic_config
+
+    command.upgrade(alembic_config(), "head")
+
+
+@app.command()
+def migrate() -> None:
+    """Upgrade the database to the latest schema."""
+    _migrate()
+    typer.echo("database is at the latest revision")
+
+
+@app.command()
+def api(host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve the API and the dashboard (distributed deployments; `up` does this and more)."""
+    import uvicorn
+
+    from backend.app import create_app
+    from backend.settings import get_settings
+
+    if get_settings().auth_mode == "none" and host not in ("127.0.0.1", "localhost", "::1"):
+        raise typer.BadParameter("auth mode 'none' listens on 127.0.0.1 only; set DETLAB_AUTH_MODE to expose it",
+                                 param_hint="--host")
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+
+
+@app.command()
+def worker(queue: Annotated[str, typer.Option(help="the node pool's queue to consume")] = "default") -> None:
+    """Run a Celery worker that executes runs on this node's GPUs (or CPU)."""
+    os.environ["DETLAB_QUEUE"] = queue
+    from worker.tasks import app as celery
+    from worker.tasks import worker_name
+
+    celery.worker_main(["worker", "-Q", queue, "-n", worker_name(), "--pool", "solo", "--loglevel", "WARNING",
+                        "--without-gossip", "--without-mingle", "--without-heartbeat"])
+
+
+@app.command()
+def up(port: int = 8000, data_dir: Annotated[Path, typer.Option()] = Path(".detlab")) -> None:
+    """Embedded detlab: SQLite, an embedded broker and one local worker. No services needed."""
+    os.environ.setdefault("DETLAB_DATA_DIR", str(data_dir))
+    os.environ["DETLAB_API_URL"] = f"http://127.0.0.1:{port}"
+    from backend.settings import get_settings
+
+    get_settings().resolved_ingest_token()  # created once, read by the worker from the data dir
+    _migrate()
+    worker_proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "worker"], env=dict(os.environ))
+    typer.echo(f"detlab is starting at http://127.0.0.1:{port} (data in {data_dir.resolve()})")
+    try:
+        api(host="127.0.0.1", port=port)
+    finally:
+        worker_proc.terminate()
+        worker_proc.wait(timeout=30)
+
+
+def _config_ref(value: str) -> dict[str, Any]:
+    path = Path(value)
+    if path.suffix == ".json" or path.exists():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise typer.BadParameter(f"cannot read config {value}: {exc}", param_hint="--config") from exc
+    return {"preset": value}
+
+
+@app.command()
+def submit(
+    workload: Annotated[str, typer.Option(help="a registered workload: mlp, tiny-lm, scatter, ...")],
+    config: Annotated[list[str], typer.Option(help="preset name or path to a JSON config; give two to compare")],
+    server: str = "http://127.0.0.1:8000",
+    world_size: int = 1,
+    steps: Annotated[int | None, typer.Option(help="default: the workload's")] = None,
+    repeats: int = 1,
+    wait: Annotated[bool, typer.Option(help="wait for the job to finish")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object as the last line")] = False,
+    timeout: float = 3600.0,
+) -> None:
+    """Submit a train comparison; with --wait --json the last line is the job and its verdict as JSON."""
+    body = {"kind": "train", "workload": workload, "configs": [_config_ref(c) for c in config],
+            "world_size": world_size, "steps": steps, "repeats": repeats}
+    with httpx.Client(base_url=server.rstrip("/"), timeout=60) as http:
+        resp = http.post("/api/v1/jobs", json=body)
+        if resp.status_code != 201:
+            typer.echo(f"error {resp.status_code}: {resp.json().get('detail', resp.text)}", err=True)
+            raise typer.Exit(2)
+        job = resp.json()
+        if not wait:
+            typer.echo(json.dumps(job) if as_json else f"job {job['id']} submitted: {server}/jobs/{job['id']}")
+            return
+        deadline = time.monotonic() + timeout
+        while job["status"] not in ("succeeded", "failed"):
+            if time.monotonic() > deadline:
+                typer.echo(f"timed out waiting for job {job['id']}", err=True)
+                raise typer.Exit(3)
+            time.sleep(1.0)
+            job = http.get(f"/api/v1/jobs/{job['id']}").json()
+            if not as_json:
+                typer.echo(f"job {job['id']}: {job['status']} {job['progress']:.0%}", err=True)
+        comparison = http.get(f"/api/v1/jobs/{job['id']}/comparison")
+        result = {"job": job, **(comparison.json() if comparison.status_code == 200 else {})}
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(f"job {job['id']} {job['status']}: verdict {result.get('verdict')}, first divergent step "
+                   f"{result.get('first_divergent_step')}, tensors {result.get('first_divergent_tensors')}")
+    if job["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    app()

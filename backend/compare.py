@@ -1,0 +1,174 @@
+"""Comparison of recorded runs: verdicts, reproducibility rates, throughput and cost.
+
+Pure functions over plain data (see RunData); no database. Semantics: ../shared ARCHITECTURE.md,
+"Comparison semantics".
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+DIGEST_BYTES = 16
+
+
+@dataclass
+class StepData:
+    digests: bytes  # DIGEST_BYTES per tensor, in tensor-index order
+    loss: float | None
+    step_time_s: float
+
+
+@dataclass
+class RunData:
+    run_id: int
+    workload: str
+    world_size: int
+    tensors: list[tuple[str, list[int], str]]  # (name, shape, dtype) by index
+    records: dict[tuple[int, int], StepData] = field(default_factory=dict)  # (step, rank) -> data
+
+    def steps(self) -> list[int]:
+        return sorted({s for s, _ in self.records})
+
+    def ranks(self) -> list[int]:
+        return sorted({r for _, r in self.records})
+
+
+def split(digests: bytes) -> list[bytes]:
+    return [digests[i : i + DIGEST_BYTES] for i in range(0, len(digests), DIGEST_BYTES)]
+
+
+def _consensus(run: RunData, step: int) -> list[bytes | None]:
+    """Per tensor: the digest all ranks agree on at this step, or None where replicas disagree."""
+    per_rank = [split(run.records[(step, r)].digests) for r in run.ranks() if (step, r) in run.records]
+    return [col[0] if all(d == col[0] for d in col) else None for col in zip(*per_rank, strict=True)]
+
+
+def _incomparable(a: RunData, b: RunData) -> str | None:
+    if a.workload != b.workload:
+        return f"different workloads: {a.workload} vs {b.workload}"
+    if not a.records or not b.records:
+        missing = [str(r.run_id) for r in (a, b) if not r.records]
+        return f"run(s) {', '.join(missing)} recorded no steps"
+    if a.tensors != b.tensors:
+        names_a, names_b = {t[0]: t for t in a.tensors}, {t[0]: t for t in b.tensors}
+        only = sorted(names_a.keys() ^ names_b.keys())
+        changed = sorted(n for n in names_a.keys() & names_b.keys() if names_a[n] != names_b[n])
+        parts = []
+        if only:
+            parts.append(f"tensors present in one run only: {only[:10]}")
+        if changed:
+            parts.append(f"tensors with different shape or dtype: {changed[:10]}")
+        return "; ".join(parts) or "tensor order differs"
+    if not set(a.steps()) & set(b.steps()):
+        return "the runs share no recorded step"
+    return None
+
+
+def mean_loss(run: RunData, step: int) -> float | None:
+    # Ranks hold equal slices of a fixed global batch, so the mean of rank losses is the global loss.
+    losses = [loss for r in run.ranks() if (step, r) in run.records
+              and (loss := run.records[(step, r)].loss) is not None]
+    return statistics.fmean(losses) if losses else None
+
+
+def _loss_curve(run: RunData, steps: list[int]) -> list[list[float]]:
+    return [[s, loss] for s in steps if (loss := mean_loss(run, s)) is not None]
+
+
+def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
+    """Verdict between two runs: identical, diverged (where first) or incomparable (why)."""
+    reason = _incomparable(a, b)
+    if reason:
+        return {"verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
+                "first_divergent_step": None, "first_divergent_tensors": [], "ranks": [],
+                "steps_differing": 0, "steps_compared": 0, "per_step": [], "loss": {"a": [], "b": []}}
+    names = [t[0] for t in a.tensors]
+    steps = sorted(set(a.steps()) & set(b.steps()))
+    per_rank = a.world_size == b.world_size
+    notes = [] if per_rank else [f"compared on rank-consensus parameters (world sizes {a.world_size} vs "
+                                 f"{b.world_size}); ranks are not matched one to one"]
+    per_step, first_step, first_tensors, first_ranks = [], None, [], []
+    for step in steps:
+        differing: set[int] = set()
+        ranks: set[int] = set()
+        if per_rank:
+            for rank in sorted(set(a.ranks()) & set(b.ranks())):
+                ra, rb = a.records.get((step, rank)), b.records.get((step, rank))
+                if ra is None or rb is None:
+                    continue
+                idx = {i for i, (x, y) in enumerate(zip(split(ra.digests), split(rb.digests), strict=True))
+                       if x != y}
+                if idx:
+                    ranks.add(rank)
+                    differing |= idx
+        else:
+            ca, cb = _consensus(a, step), _consensus(b, step)
+            differing = {i for i, (x, y) in enumerate(zip(ca, cb, strict=True)) if x is None or y is None or x != y}
+        per_step.append({"step": step, "tensors_differing": len(differing)})
+        if differing and first_step is None:
+            first_step, first_ranks = step, sorted(ranks)
+            first_tensors = [names[i] for i in sorted(differing)]
+    missing = set(a.steps()) ^ set(b.steps())
+    if missing:
+        notes.append(f"{len(missing)} recorded step(s) exist in one run only and were not compared")
+    return {
+        "verdict": "diverged" if first_step is not None else "identical",
+        "reason": "; ".join(notes) or None,
+        "mode": "per-rank" if per_rank else "rank-consensus",
+        "run_a": a.run_id,
+        "run_b": b.run_id,
+        "first_divergent_step": first_step,
+        "first_divergent_tensors": first_tensors,
+        "ranks": first_ranks,
+        "steps_differing": sum(1 for p in per_step if p["tensors_differing"]),
+        "steps_compared": len(steps),
+        "per_step": per_step,
+        "loss": {"a": _loss_curve(a, steps), "b": _loss_curve(b, steps)},
+    }
+
+
+def reproducibility(repeats: list[RunData]) -> dict[str, Any]:
+    """Share of repeats 2..R identical to repeat 1 (None with a single repeat)."""
+    if not repeats:
+        return {"repeats": 0, "identical_to_first": 0, "rate": None}
+    verdicts = [compare_runs(repeats[0], other)["verdict"] for other in repeats[1:]]
+    same = sum(v == "identical" for v in verdicts)
+    return {"repeats": len(repeats), "identical_to_first": same,
+            "rate": same / len(verdicts) if verdicts else None}
+
+
+def step_times(run: RunData, warmup: int) -> list[float]:
+    """Per recorded step after warm-up: the slowest rank's time (a step waits for every rank)."""
+    by_step: dict[int, float] = {}
+    for (step, _rank), data in run.records.items():
+        if step > warmup:
+            by_step[step] = max(by_step.get(step, 0.0), data.step_time_s)
+    return [by_step[s] for s in sorted(by_step) if by_step[s] > 0]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def throughput(runs: list[RunData], global_batch: int, warmup: int = 2) -> dict[str, Any]:
+    """samples/s from per-step times pooled over the runs: median and interquartile spread."""
+    times = [t for run in runs for t in step_times(run, warmup)]
+    if not times:
+        return {"samples_per_s": None, "spread": None, "step_time_ms_median": None, "runs": len(runs)}
+    rates = [global_batch / t for t in times]
+    return {"samples_per_s": statistics.median(rates),
+            "spread": [_quantile(rates, 0.25), _quantile(rates, 0.75)],
+            "step_time_ms_median": statistics.median(times) * 1e3, "runs": len(runs)}
+
+
+def cost(thr: float | None, baseline: float | None) -> float | None:
+    """1 - throughput / baseline throughput (0.2 = the config is 20 % slower)."""
+    if thr is None or not baseline:
+        return None
+    return 1.0 - thr / baseline

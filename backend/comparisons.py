@@ -1,0 +1,75 @@
+"""Assembles a job's comparison from stored records (loading here; the logic is in compare.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend import compare, configs
+from backend.jobs import job_configs, roll_up
+from backend.models import FINISHED, SUCCEEDED, Job, RankEnv, Run, StepRecord, TensorMeta
+
+
+def load_run(*, session: Session, run: Run, workload: str) -> compare.RunData:
+    tensors = session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index))
+    data = compare.RunData(run_id=run.id, workload=workload, world_size=run.world_size,
+                           tensors=[(t.name, list(t.shape), t.dtype) for t in tensors])
+    rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.digests, StepRecord.loss,
+                                  StepRecord.step_time_s).where(StepRecord.run_id == run.id))
+    for step, rank, digests, loss, seconds in rows:
+        data.records[(step, rank)] = compare.StepData(digests=bytes(digests), loss=loss, step_time_s=seconds)
+    return data
+
+
+def effective_mismatches(*, session: Session, runs: list[Run]) -> list[dict[str, Any]]:
+    """Requested vs effective knobs, per run and rank: a recipe that did not take effect is flagged."""
+    out = []
+    by_id = {r.id: r for r in runs}
+    for env in session.scalars(select(RankEnv).where(RankEnv.run_id.in_(by_id)).order_by(RankEnv.run_id, RankEnv.rank)):
+        body = by_id[env.run_id].config.body
+        checks = [(f"env.{k}", v, env.effective_env.get(k)) for k, v in body["env"].items()]
+        checks += [(f"torch.{k}", v, env.torch_flags.get(k)) for k, v in body["torch"].items()]
+        if body.get("threads"):
+            checks.append(("threads", body["threads"], env.torch_flags.get("num_threads")))
+        out += [{"run_id": env.run_id, "rank": env.rank, "key": key, "requested": want, "effective": got}
+                for key, want, got in checks if want != got]
+    return out
+
+
+def build(*, session: Session, job: Job) -> dict[str, Any] | None:
+    """The comparison of a job's first two configs, or None while nothing is recorded yet."""
+    cfgs = job_configs(session=session, job=job)
+    groups: dict[int, list[compare.RunData]] = {}
+    runs_by_index: dict[int, list[Run]] = {}
+    for run in sorted(job.runs, key=lambda r: (r.config_index, r.repeat)):
+        runs_by_index.setdefault(run.config_index, []).append(run)
+        groups.setdefault(run.config_index, []).append(load_run(session=session, run=run, workload=job.workload))
+    if not any(d.records for g in groups.values() for d in g):
+        return None
+    if len(cfgs) >= 2:
+        result = compare.compare_runs(groups[0][0], groups[1][0])
+        result["config_diff"] = configs.diff(cfgs[0].body, cfgs[1].body)
+    else:
+        result = {"verdict": None, "reason": "a single config: see the reproducibility of its repeats",
+                  "config_diff": []}
+    batch = int(job.params.get("global_batch", 1))
+    thr = {i: compare.throughput([d for d, r in zip(groups[i], runs_by_index[i], strict=True)
+                                  if r.status == SUCCEEDED], batch) for i in groups}
+    baseline = thr[0]["samples_per_s"]
+    result["throughput"] = [{"config_index": i, "name": cfgs[i].name, **t,
+                             "cost": None if i == 0 else compare.cost(t["samples_per_s"], baseline)}
+                            for i, t in sorted(thr.items())]
+    result["reproducibility"] = [{"config_index": i, "name": cfgs[i].name, **compare.reproducibility(g)}
+                                 for i, g in sorted(groups.items())]
+    result["effective_mismatches"] = effective_mismatches(session=session, runs=list(job.runs))
+    return result
+
+
+def settle(*, session: Session, job: Job) -> None:
+    """Roll the job's status up from its runs; once finished, keep its verdict for listings."""
+    roll_up(session=session, job=job)
+    if job.status in FINISHED:
+        result = build(session=session, job=job)
+        job.params = {**job.params, "verdict": result["verdict"] if result else None}

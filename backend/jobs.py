@@ -1,0 +1,123 @@
+"""Jobs and their runs: creation from a validated request, status roll-up, read models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from backend import configs
+from backend.models import FAILED, FINISHED, QUEUED, RUNNING, SUCCEEDED, Config, Job, Run, utcnow
+from backend.schemas import JobCreate
+from backend.settings import Settings
+from worker.workloads import registry
+
+
+class InvalidJob(ValueError):
+    """A job request that cannot run; the message says what to change."""
+
+
+def get_or_create_config(*, session: Session, body: configs.ConfigBody) -> Config:
+    digest = configs.content_hash(body)
+    found = session.scalars(select(Config).where(Config.name == body.name, Config.hash == digest)).first()
+    if found:
+        return found
+    config = Config(name=body.name, hash=digest, body=body.model_dump())
+    session.add(config)
+    session.flush()
+    return config
+
+
+def _validate(data: JobCreate, settings: Settings) -> tuple[int, list[configs.ConfigBody]]:
+    workloads = registry()
+    if data.workload not in workloads:
+        raise InvalidJob(f"unknown workload {data.workload!r}; registered: {sorted(workloads)}")
+    workload = workloads[data.workload]
+    steps = data.steps or workload.default_steps
+    if data.world_size > settings.max_world_size:
+        raise InvalidJob(f"world_size {data.world_size} is over the limit {settings.max_world_size}")
+    if workload.global_batch % data.world_size:
+        raise InvalidJob(f"{data.workload} has a global batch of {workload.global_batch}, which does not split "
+                         f"evenly over world_size {data.world_size}")
+    if steps > settings.max_steps or data.repeats > settings.max_repeats:
+        raise InvalidJob(f"steps must be <= {settings.max_steps} and repeats <= {settings.max_repeats}")
+    if data.inject_bitflip and (data.inject_bitflip.step > steps or data.inject_bitflip.rank >= data.world_size):
+        raise InvalidJob("inject_bitflip.step must be <= steps and inject_bitflip.rank < world_size")
+    bodies = []
+    for i, ref in enumerate(data.configs):
+        try:
+            bodies.append(configs.resolve(ref))
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise InvalidJob(f"config {i}: {exc}") from exc
+    return steps, bodies
+
+
+def create_job(*, session: Session, data: JobCreate, settings: Settings, submitter: str | None) -> Job:
+    """Validate, store the job and its runs (repeats interleaved A B A B so drift cancels)."""
+    steps, bodies = _validate(data, settings)
+    stored = [get_or_create_config(session=session, body=b) for b in bodies]
+    params: dict[str, Any] = {"fingerprint_interval": data.fingerprint_interval,
+                              "global_batch": registry()[data.workload].global_batch}
+    if data.inject_bitflip:
+        params["inject_bitflip"] = data.inject_bitflip.model_dump()
+    job = Job(kind=data.kind, workload=data.workload, world_size=data.world_size, steps=steps,
+              repeats=data.repeats, params=params, config_ids=[c.id for c in stored], submitter=submitter,
+              queue=data.queue)
+    session.add(job)
+    session.flush()
+    for repeat in range(data.repeats):
+        for index, (config, body) in enumerate(zip(stored, bodies, strict=True)):
+            session.add(Run(job_id=job.id, config_id=config.id, config_index=index, repeat=repeat,
+                            world_size=body.world_size or data.world_size, steps_total=steps))
+    session.flush()
+    return job
+
+
+def roll_up(*, session: Session, job: Job) -> None:
+    """Job status from its runs."""
+    statuses = [r.status for r in job.runs]
+    if all(s in FINISHED for s in statuses):
+        job.status = SUCCEEDED if all(s == SUCCEEDED for s in statuses) else FAILED
+        job.finished_at = job.finished_at or utcnow()
+    elif any(s != QUEUED for s in statuses):
+        job.status = RUNNING
+    else:
+        job.status = QUEUED
+
+
+def load_job(*, session: Session, job_id: int) -> Job | None:
+    return session.scalars(select(Job).where(Job.id == job_id).options(selectinload(Job.runs))).first()
+
+
+def job_configs(*, session: Session, job: Job) -> list[Config]:
+    by_id = {c.id: c for c in session.scalars(select(Config).where(Config.id.in_(job.config_ids)))}
+    return [by_id[i] for i in job.config_ids]
+
+
+def progress(job: Job) -> float:
+    total = sum(r.steps_total for r in job.runs) or 1
+    done = sum(r.steps_total if r.status in FINISHED else r.steps_done for r in job.runs)
+    return min(1.0, done / total)
+
+
+def read_job(*, session: Session, job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id, "kind": job.kind, "workload": job.workload, "status": job.status,
+        "world_size": job.world_size, "steps": job.steps, "repeats": job.repeats, "params": job.params,
+        "created_at": job.created_at.isoformat(),
+        "configs": [{"id": c.id, "name": c.name, "hash": c.hash, "body": c.body}
+                    for c in job_configs(session=session, job=job)],
+        "runs": [{"id": r.id, "config_index": r.config_index, "repeat": r.repeat, "status": r.status,
+                  "steps_done": r.steps_done, "steps_total": r.steps_total, "attempt": r.attempt,
+                  "error": r.error, "node": r.node, "device": r.device, "fingerprint_impl": r.fingerprint_impl}
+                 for r in job.runs],
+        "progress": progress(job),
+    }
+
+
+def list_jobs(*, session: Session, limit: int, offset: int) -> tuple[list[Job], int]:
+    total = session.scalar(select(func.count()).select_from(Job)) or 0
+    jobs = session.scalars(select(Job).order_by(Job.id.desc()).limit(limit).offset(offset)
+                           .options(selectinload(Job.runs))).all()
+    return list(jobs), total

@@ -1,0 +1,157 @@
+"""SQLAlchemy ORM models: the database is the source of truth for jobs, runs and their records."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+QUEUED, RUNNING, SUCCEEDED, FAILED = "queued", "running", "succeeded", "failed"
+FINISHED = (SUCCEEDED, FAILED)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Config(Base):
+    __tablename__ = "configs"
+    __table_args__ = (UniqueConstraint("name", "hash"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(16), index=True)
+    body: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    workload: Mapped[str] = mapped_column(String(64))
+    world_size: Mapped[int]
+    steps: Mapped[int]
+    repeats: Mapped[int]
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    config_ids: Mapped[list[Any]]
+    status: Mapped[str] = mapped_column(String(16), default=QUEUED, index=True)
+    submitter: Mapped[str | None] = mapped_column(String(64))
+    queue: Mapped[str] = mapped_column(String(64), default="default")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    finished_at: Mapped[datetime | None]
+
+    runs: Mapped[list[Run]] = relationship(back_populates="job", order_by="Run.id")
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("job_id", "config_index", "repeat"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    config_id: Mapped[int] = mapped_column(ForeignKey("configs.id"))
+    config_index: Mapped[int]
+    repeat: Mapped[int]
+    world_size: Mapped[int]
+    steps_total: Mapped[int]
+    steps_done: Mapped[int] = mapped_column(default=0)
+    status: Mapped[str] = mapped_column(String(16), default=QUEUED, index=True)
+    attempt: Mapped[int] = mapped_column(default=0)
+    node: Mapped[str | None] = mapped_column(String(128))
+    device: Mapped[str | None] = mapped_column(String(32))
+    fingerprint_impl: Mapped[str | None] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    dispatched_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+
+    job: Mapped[Job] = relationship(back_populates="runs")
+    config: Mapped[Config] = relationship()
+
+
+class RankEnv(Base):
+    __tablename__ = "rank_envs"
+    __table_args__ = (UniqueConstraint("run_id", "rank"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int]
+    host: Mapped[str | None] = mapped_column(String(255))
+    device: Mapped[str | None] = mapped_column(String(255))
+    driver: Mapped[str | None] = mapped_column(String(64))
+    cuda: Mapped[str | None] = mapped_column(String(32))
+    hip: Mapped[str | None] = mapped_column(String(32))
+    torch: Mapped[str | None] = mapped_column(String(64))
+    nccl: Mapped[str | None] = mapped_column(String(32))
+    backend: Mapped[str | None] = mapped_column(String(16))
+    effective_env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    torch_flags: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class TensorMeta(Base):
+    __tablename__ = "tensor_meta"
+    __table_args__ = (UniqueConstraint("run_id", "index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    index: Mapped[int]
+    name: Mapped[str] = mapped_column(String(255))
+    shape: Mapped[list[Any]]
+    dtype: Mapped[str] = mapped_column(String(32))
+
+
+class StepRecord(Base):
+    """One row per (run, step, rank); per-tensor digests packed 16 bytes each in tensor order."""
+
+    __tablename__ = "step_records"
+    __table_args__ = (UniqueConstraint("run_id", "step", "rank"), Index("ix_step_records_run_step", "run_id", "step"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int]
+    rank: Mapped[int]
+    attempt: Mapped[int]
+    fp_version: Mapped[str] = mapped_column(String(8))
+    model_digest: Mapped[str] = mapped_column(String(48))
+    digests: Mapped[bytes] = mapped_column(LargeBinary)
+    loss_bits: Mapped[str] = mapped_column(String(16))
+    loss: Mapped[float | None] = mapped_column(Float)
+    step_time_s: Mapped[float] = mapped_column(Float)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(64))
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+    info: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from alembic import context
+
+from backend.db import make_engine
+from backend.models import Base
+from backend.settings import get_settings
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url") or get_settings().resolved_database_url()
+
+
+def run() -> None:
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        context.configure(connection=connection, target_metadata=Base.metadata,
+                          render_as_batch=connection.dialect.name == "sqlite", compare_type=True)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+run()

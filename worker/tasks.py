@@ -1,0 +1,52 @@
+"""Celery tasks (thin: the logic is in runner.py) and the worker's heartbeat."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from celery.signals import worker_ready, worker_shutdown
+
+from backend.queue import EXECUTE_RUN, celery_app
+from backend.settings import get_settings
+from worker import runner
+from worker.client import IngestClient
+
+log = logging.getLogger(__name__)
+app = celery_app()
+_stop = threading.Event()
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{get_settings().queue}"
+
+
+def ingest_client() -> IngestClient:
+    settings = get_settings()
+    return IngestClient(settings.api_url, settings.resolved_ingest_token())
+
+
+@app.task(name=EXECUTE_RUN, bind=True, acks_late=True)
+def execute_run(self, run_id: int) -> str:  # type: ignore[no-untyped-def]
+    return runner.execute(run_id, client=ingest_client(), worker=worker_name(), device=get_settings().device)
+
+
+def _beat() -> None:
+    settings = get_settings()
+    client = IngestClient(settings.api_url, settings.resolved_ingest_token(), retries=0)
+    while not _stop.wait(settings.heartbeat_interval_s):
+        try:
+            client.heartbeat(worker_name(), settings.queue, runner.CURRENT.run_id, runner.CURRENT.attempt)
+        except Exception as exc:  # noqa: BLE001 - the API may be restarting; keep beating
+            log.warning("heartbeat failed: %s", exc)
+
+
+@worker_ready.connect
+def _start_heartbeat(**_kwargs) -> None:  # type: ignore[no-untyped-def]
+    threading.Thread(target=_beat, name="detlab-heartbeat", daemon=True).start()
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(**_kwargs) -> None:  # type: ignore[no-untyped-def]
+    _stop.set()

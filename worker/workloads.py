@@ -1,0 +1,178 @@
+"""Built-in workloads. Each keeps a fixed global batch that ranks split evenly, so runs at different
+world sizes compute the same mathematics up to reduction order.
+
+Registered through the `detlab.workloads` entry-point group; teams add theirs the same way. Class
+attributes are read without torch (the backend lists workloads); torch is imported in methods only.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+GROUP = "detlab.workloads"
+
+
+class Workload:
+    """Base class: build a model, make the global batch of a step, compute the loss of a slice."""
+
+    name = ""
+    description = ""
+    global_batch = 32
+    default_steps = 20
+
+    def build(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def batch(self, step: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _generator(seed: int, step: int) -> torch.Generator:
+    import torch
+
+    # Data depend on (seed, step) only: every rank and every world size sees the same global batch.
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+class MLP(Workload):
+    name = "mlp"
+    description = "3-layer MLP (64 -> 512 -> 512 -> 10) on synthetic Gaussian data, cross-entropy"
+    global_batch = 64
+    default_steps = 20
+
+    def build(self) -> torch.nn.Module:
+        from torch import nn
+
+        return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+
+    def batch(self, step: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        import torch
+
+        g = _generator(seed, step)
+        x = torch.randn(self.global_batch, 64, generator=g)
+        y = torch.randint(0, 10, (self.global_batch,), generator=g)
+        return x.to(device), y.to(device)
+
+    def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        from torch.nn import functional as F
+
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+
+class TinyLM(Workload):
+    name = "tiny-lm"
+    description = "2-layer causal transformer LM (d=64, 4 heads, vocab 256, context 32) on synthetic tokens"
+    global_batch = 16
+    default_steps = 20
+    vocab, context, width = 256, 32, 64
+
+    def build(self) -> torch.nn.Module:
+        import torch
+        from torch import nn
+
+        vocab, context, width = self.vocab, self.context, self.width
+
+        class LM(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = nn.Embedding(vocab, width)
+                self.pos = nn.Parameter(torch.zeros(context, width))
+                layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.0, batch_first=True,
+                                                   norm_first=True)
+                self.blocks = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+                self.norm = nn.LayerNorm(width)
+                self.head = nn.Linear(width, vocab)
+
+            def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+                n = tokens.shape[1]
+                mask = nn.Transformer.generate_square_subsequent_mask(n, device=tokens.device)
+                h = self.blocks(self.embed(tokens) + self.pos[:n], mask=mask, is_causal=True)
+                return self.head(self.norm(h))
+
+        return LM()
+
+    def batch(self, step: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        import torch
+
+        g = _generator(seed, step)
+        tokens = torch.randint(0, self.vocab, (self.global_batch, self.context + 1), generator=g)
+        return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+    def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        from torch.nn import functional as F
+
+        x, y = batch
+        return F.cross_entropy(model(x).reshape(-1, self.vocab), y.reshape(-1))
+
+
+class Scatter(Workload):
+    name = "scatter"
+    description = ("message passing with index_add_ and index_put_(accumulate=True): nondeterministic on "
+                   "CUDA (and index_put_ on multi-threaded CPU) unless deterministic algorithms are on")
+    global_batch = 8
+    default_steps = 20
+    nodes, edges, width = 2048, 16384, 32
+
+    def build(self) -> torch.nn.Module:
+        import torch
+        from torch import nn
+
+        nodes, edges, width = self.nodes, self.edges, self.width
+        g = torch.Generator().manual_seed(12345)
+        src = torch.randint(0, nodes, (edges,), generator=g)
+        dst = torch.randint(0, nodes, (edges,), generator=g)
+
+        class Net(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.register_buffer("src", src, persistent=False)
+                self.register_buffer("dst", dst, persistent=False)
+                self.msg = nn.Linear(width, width)
+                self.out = nn.Linear(width, 1)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                outs = []
+                for graph in x:  # (nodes, width) per graph
+                    m = torch.tanh(self.msg(graph))[self.src]
+                    agg = torch.zeros_like(graph).index_add_(0, self.dst, m)
+                    agg = agg.index_put_((self.dst,), m, accumulate=True)
+                    outs.append(self.out(agg))
+                return torch.stack(outs)
+
+        return Net()
+
+    def batch(self, step: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        import torch
+
+        g = _generator(seed, step)
+        x = torch.randn(self.global_batch, self.nodes, self.width, generator=g)
+        y = torch.randn(self.global_batch, self.nodes, 1, generator=g)
+        return x.to(device), y.to(device)
+
+    def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        from torch.nn import functional as F
+
+        x, y = batch
+        return F.mse_loss(model(x), y)
+
+
+def registry() -> dict[str, type[Workload]]:
+    """Every registered workload class by name (loading imports no torch for the built-ins)."""
+    found: dict[str, type[Workload]] = {}
+    for ep in entry_points(group=GROUP):
+        cls = ep.load()
+        found[ep.name] = cls
+    return found
+
+
+def describe() -> list[dict[str, Any]]:
+    return [{"name": name, "description": cls.description, "default_steps": cls.default_steps,
+             "global_batch": cls.global_batch} for name, cls in sorted(registry().items())]
