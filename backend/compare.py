@@ -63,6 +63,8 @@ def _incomparable(a: RunData, b: RunData) -> str | None:
         return "; ".join(parts) or "tensor order differs"
     if not set(a.steps()) & set(b.steps()):
         return "the runs share no recorded step"
+    if a.world_size == b.world_size and not set(a.ranks()) & set(b.ranks()):
+        return "the runs share no recorded rank"
     return None
 
 
@@ -110,6 +112,9 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         if differing and first_step is None:
             first_step, first_ranks = step, sorted(ranks)
             first_tensors = [names[i] for i in sorted(differing)]
+    lone_ranks = set(a.ranks()) ^ set(b.ranks()) if per_rank else set()
+    if lone_ranks:
+        notes.append(f"rank(s) {sorted(lone_ranks)} recorded in one run only and were not compared")
     missing = set(a.steps()) ^ set(b.steps())
     if missing:
         notes.append(f"{len(missing)} recorded step(s) exist in one run only and were not compared")

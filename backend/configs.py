@@ -15,8 +15,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-# No shell metacharacters ($ ` ; | & < > quotes, spaces, newlines) in any value.
-SAFE_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:=+^/-]{0,256}$")
+# No shell metacharacters ($ ` ; | & < > quotes, spaces, newlines) and no '/' (no knob we allow takes a
+# path, and NCCL opens some values as files, e.g. NCCL_PROXY_PROFILE) in any value.
+SAFE_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:=+^-]{0,256}$")
 
 NCCL_ALGOS = {"ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"}
 NCCL_PROTOS = {"ll", "ll128", "simple"}
@@ -33,7 +34,7 @@ def _int_range(lo: int, hi: int) -> Callable[[str], str | None]:
 
 def _choice_list(choices: set[str]) -> Callable[[str], str | None]:
     def check(value: str) -> str | None:
-        items = value.lstrip("^").split(",")
+        items = value.removeprefix("^").split(",")
         bad = [i for i in items if i.lower() not in choices]
         if bad:
             return f"unknown value(s) {bad}; expected a comma list of {sorted(choices)}, optionally after '^'"
@@ -67,14 +68,14 @@ ENV_VALIDATORS: dict[str, Callable[[str], str | None]] = {
     "NCCL_P2P_DISABLE": _bool01,
     "NCCL_SHM_DISABLE": _bool01,
     "NCCL_IB_DISABLE": _bool01,
-    "NCCL_DEBUG": _regex(r"(?i)(VERSION|WARN|INFO|TRACE|ABORT)", "must be VERSION, WARN, INFO or TRACE"),
+    "NCCL_DEBUG": _regex(r"(?i)(VERSION|WARN|INFO|TRACE|ABORT)", "must be VERSION, WARN, INFO, TRACE or ABORT"),
     "NCCL_DEBUG_SUBSYS": _regex(r"\^?[A-Z_]+(,[A-Z_]+)*", "must be a comma list of subsystems"),
     "RCCL_MSCCL_ENABLE": _bool01,
     "RCCL_MSCCLPP_ENABLE": _bool01,
     "CUBLAS_WORKSPACE_CONFIG": _regex(r"(:\d{1,6}:\d{1,4})+", "must look like :4096:8 or :16:8"),
     "OMP_NUM_THREADS": _int_range(1, 1024),
     "MKL_NUM_THREADS": _int_range(1, 1024),
-    "PYTHONHASHSEED": _regex(r"random|\d{1,10}", "must be 'random' or an integer"),
+    "PYTHONHASHSEED": lambda v: None if v == "random" else _int_range(0, 2**32 - 1)(v),
     "CUDA_LAUNCH_BLOCKING": _bool01,
     "CUDA_VISIBLE_DEVICES": _devices,
     "HIP_VISIBLE_DEVICES": _devices,
@@ -84,9 +85,10 @@ ENV_VALIDATORS: dict[str, Callable[[str], str | None]] = {
 # Other NCCL_/RCCL_ tuning knobs pass with the generic value check, except those that name files
 # or plugins: a browser must never make a rank load a library or write to a path.
 ENV_PREFIXES = ("NCCL_", "RCCL_")
-ENV_DENY_RE = re.compile(r"(_FILE|_PLUGIN|_PATH|_DIR|_LIB|_CONF)$|^NCCL_(NET|TUNER|PROFILER)$")
+ENV_DENY_RE = re.compile(r"(_FILE|_PLUGIN|_PATH|_DIR|_LIB|_CONF|_PROFILE)$|^NCCL_(NET|TUNER|PROFILER)$")
 # Set by the worker itself; a config may not override where logs go or how ranks find each other.
-WORKER_OWNED = {"NCCL_DEBUG_FILE", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"}
+WORKER_OWNED = {"NCCL_DEBUG_FILE", "NCCL_COMM_ID", "NCCL_HOSTID", "MASTER_ADDR", "MASTER_PORT", "RANK",
+                "LOCAL_RANK", "WORLD_SIZE"}
 
 
 def env_error(name: str, value: str) -> str | None:
@@ -100,8 +102,9 @@ def env_error(name: str, value: str) -> str | None:
         if ENV_DENY_RE.search(name):
             return f"{name} names a file or plugin and is not allowed"
     if not SAFE_VALUE_RE.fullmatch(value):
-        return f"value {value!r} has characters outside [A-Za-z0-9_.,:=+^/-] or is over 256 long"
-    return validator(value) if validator else None
+        return f"{name}: value {value!r} has characters outside [A-Za-z0-9_.,:=+^-] or is over 256 long"
+    problem = validator(value) if validator else None
+    return f"{name}: {problem}" if problem else None
 
 
 class TorchFlags(BaseModel):
@@ -181,7 +184,8 @@ def preset(name: str) -> ConfigBody:
 def resolve(ref: dict[str, Any]) -> ConfigBody:
     """A config reference from a job: {"preset": name} optionally with overrides, or a full config.
 
-    Omitted keys take the named preset's values, or the `default` preset's."""
+    Omitted keys take the named preset's values, or the `default` preset's; `env` and `torch`
+    overrides are merged into the preset's."""
     if not isinstance(ref, dict):
         raise ValueError("a config must be an object")
     overrides = {k: v for k, v in ref.items() if k != "preset"}
@@ -189,8 +193,9 @@ def resolve(ref: dict[str, Any]) -> ConfigBody:
     if "name" not in overrides and "preset" not in ref:
         base["name"] = "custom"
     merged = {**base, **overrides}
-    if "torch" in overrides and isinstance(overrides["torch"], dict):
-        merged["torch"] = {**base["torch"], **overrides["torch"]}
+    for key in ("torch", "env"):  # a fork adds to the preset's knobs rather than dropping them
+        if isinstance(overrides.get(key), dict):
+            merged[key] = {**base[key], **overrides[key]}
     return ConfigBody.model_validate(merged)
 
 
