@@ -187,7 +187,7 @@ def config_label(index: int, name: str) -> str:
 
 
 def throughput_figure(comparison: dict[str, Any]) -> dict[str, Any]:
-    """Samples/s per config as bars, with min/max spread as error bars and the cost over each bar."""
+    """Samples/s per config as bars, with the interquartile spread as error bars and the cost over each bar."""
     rows = [r for r in comparison.get("throughput") or [] if _finite(r.get("samples_per_s"))]
     labels = [config_label(int(r["config_index"]), str(r.get("name") or "")) for r in rows]
     values = [float(r["samples_per_s"]) for r in rows]
@@ -218,7 +218,7 @@ def throughput_figure(comparison: dict[str, Any]) -> dict[str, Any]:
             yshift=4,
         )
     fig.update_layout(
-        title={"text": "Throughput (median, min–max over runs)"},
+        title={"text": "Throughput (median, interquartile range of steps)"},
         template="plotly_white",
         yaxis={"title": {"text": "samples/s"}, "rangemode": "tozero"},
         height=340,

@@ -18,7 +18,10 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".detlab")
     database_url: str | None = None  # default: SQLite file under data_dir
     broker_url: str | None = None  # default: kombu filesystem transport under data_dir
-    auth_mode: Literal["none", "local", "proxy"] = "none"
+    # none: no users, listens on 127.0.0.1 only. proxy: an authenticating reverse proxy in front sets
+    # proxy_user_header; submissions without it are refused.
+    auth_mode: Literal["none", "proxy"] = "none"
+    proxy_user_header: str = "X-Forwarded-User"
     ingest_token: str | None = None
     api_url: str = "http://127.0.0.1:8000"
     queue: str = "default"

@@ -165,3 +165,13 @@ def test_reconciler_redispatches_a_lost_message_only_when_a_worker_idles(session
     session.add(Worker(name="w", queue="default", info={"run_id": None}))
     session.commit()
     assert reconcile(session=session, settings=settings) == [(run.id, "default")]
+
+
+def test_proxy_mode_refuses_a_submission_without_the_user_header(client: TestClient, settings: Settings) -> None:
+    settings.auth_mode = "proxy"
+    resp = client.post("/api/v1/jobs", json={"workload": "mlp", "configs": [{}]})
+    assert resp.status_code == 401 and "X-Forwarded-User" in resp.json()["detail"]
+
+
+def test_live_answers_without_a_worker(client: TestClient) -> None:
+    assert client.get("/api/v1/live").status_code == 200

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException
+from fastapi import Depends, Header, HTTPException, Request
 from sqlalchemy.orm import Session
 
 from backend.db import get_session
@@ -23,3 +23,16 @@ def require_ingest_token(settings: SettingsDep, authorization: Annotated[str | N
 
 
 IngestAuth = Depends(require_ingest_token)
+
+
+def current_user(settings: SettingsDep, request: Request) -> str | None:
+    """The submitting user: None without auth; the proxy's header in proxy mode (required)."""
+    if settings.auth_mode == "none":
+        return None
+    user = request.headers.get(settings.proxy_user_header, "").strip()
+    if not user:
+        raise HTTPException(401, f"auth mode 'proxy': the request lacks the {settings.proxy_user_header} header")
+    return user[:64]
+
+
+CurrentUser = Annotated[str | None, Depends(current_user)]

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query
 from sqlalchemy import select
 
 from backend import charts, comparisons, jobs
-from backend.api.deps import SessionDep, SettingsDep
+from backend.api.deps import CurrentUser, SessionDep, SettingsDep
 from backend.models import Run, utcnow
 from backend.queue import dispatch
 from backend.schemas import JobCreate, JobRead, JobsPage
@@ -17,9 +17,9 @@ router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=201, response_model=JobRead)
-def submit_job(data: JobCreate, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+def submit_job(data: JobCreate, session: SessionDep, settings: SettingsDep, user: CurrentUser) -> dict[str, Any]:
     try:
-        job = jobs.create_job(session=session, data=data, settings=settings, submitter=None)
+        job = jobs.create_job(session=session, data=data, settings=settings, submitter=user)
     except jobs.InvalidJob as exc:
         raise HTTPException(422, str(exc)) from exc
     runs = session.scalars(select(Run).where(Run.job_id == job.id).order_by(Run.id)).all()

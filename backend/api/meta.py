@@ -16,6 +16,13 @@ from worker.workloads import describe
 router = APIRouter(prefix="/api/v1", tags=["meta"])
 
 
+@router.get("/live")
+def live(session: SessionDep) -> dict[str, str]:
+    """Liveness for container health checks: the API serves and its database answers."""
+    session.execute(text("SELECT 1"))
+    return {"status": "ok"}
+
+
 @router.get("/health")
 def health(session: SessionDep, settings: SettingsDep) -> JSONResponse:
     """200 once the database answers and a worker has beaten recently; 503 with the reason otherwise."""

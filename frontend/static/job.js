@@ -10,8 +10,6 @@
   const COMPARISON_RETRIES = 10; // a succeeded job's comparison may land a moment after its status
   const ERROR_TAIL_LINES = 15;
   const FINISHED = new Set(["succeeded", "failed"]);
-  const COLOR_A = "#1f77b4";
-  const COLOR_B = "#ff7f0e";
 
   const $ = (id) => document.getElementById(id);
 
@@ -135,11 +133,7 @@
     verdict.textContent = cmp.verdict;
     verdict.className = `badge badge-${cmp.verdict}`;
 
-    const notes = [];
-    if (cmp.mode === "rank-consensus") {
-      notes.push("Compared on rank-consensus parameters (replicated runs); ranks are not compared one by one.");
-    }
-    if (cmp.reason) notes.push(cmp.reason);
+    const notes = cmp.reason ? [cmp.reason] : [];
     $("note").textContent = notes.join(" ");
     $("note").hidden = notes.length === 0;
     $("note").classList.toggle("note-warn", cmp.verdict === "incomparable");
@@ -196,13 +190,7 @@
     return pct(cost);
   }
 
-  // Chart label, as backend.charts.cost_label words it.
-  function costLabel(cost) {
-    if (cost === null || cost === undefined) return "baseline";
-    return cost < 0 ? `${pct(-cost)} faster` : `${pct(cost)} slower`;
-  }
-
-  function renderThroughput(cmp) {
+  function renderThroughput(jobId, cmp) {
     const rows = cmp.throughput || [];
     const fmt = (x, d = 1) => (typeof x === "number" && Number.isFinite(x) ? x.toFixed(d) : "—");
     setRows(
@@ -222,46 +210,22 @@
       "No throughput measured.",
       6
     );
-    drawThroughput(rows.filter((t) => typeof t.samples_per_s === "number"));
+    drawThroughput(jobId, rows.filter((t) => typeof t.samples_per_s === "number"));
   }
 
-  // Built here from the comparison itself, mirroring backend.charts.throughput_figure.
-  function drawThroughput(rows) {
+  async function drawThroughput(jobId, rows) {
     const target = $("throughput-chart");
     if (rows.length === 0 || !window.Plotly) {
       target.hidden = true;
       return;
     }
     target.hidden = false;
-    const labels = rows.map((t) => `${sideLetter(t.config_index)}: ${t.name}`);
-    const values = rows.map((t) => t.samples_per_s);
-    const spreads = rows.map((t) => t.spread || [t.samples_per_s, t.samples_per_s]);
-    const data = [{
-      type: "bar",
-      x: labels,
-      y: values,
-      marker: { color: rows.map((t) => (t.config_index === 0 ? COLOR_A : COLOR_B)) },
-      error_y: {
-        type: "data",
-        symmetric: false,
-        array: spreads.map(([, hi], i) => Math.max(hi - values[i], 0)),
-        arrayminus: spreads.map(([lo], i) => Math.max(values[i] - lo, 0)),
-      },
-      hovertemplate: "%{x}: %{y:.1f} samples/s<extra></extra>",
-    }];
-    const layout = {
-      title: { text: "Throughput (median, min–max)" },
-      template: "plotly_white",
-      yaxis: { title: { text: "samples/s" }, rangemode: "tozero" },
-      height: 300,
-      margin: { l: 60, r: 20, t: 50, b: 40 },
-      showlegend: false,
-      annotations: rows.map((t, i) => ({
-        x: labels[i], y: Math.max(spreads[i][1], values[i]), text: costLabel(t.cost),
-        showarrow: false, yanchor: "bottom", yshift: 4,
-      })),
-    };
-    window.Plotly.newPlot(target, data, layout, { responsive: true, displaylogo: false });
+    try {
+      const figure = await getJSON(`${API}/jobs/${jobId}/throughput/figure`);
+      await window.Plotly.newPlot(target, figure.data || [], figure.layout || {}, { responsive: true, displaylogo: false });
+    } catch (err) {
+      target.textContent = `The throughput chart could not be loaded: ${err.message}`;
+    }
   }
 
   function renderReproducibility(cmp) {
@@ -317,7 +281,7 @@
     renderFacts(job, cmp);
     renderConfigDiff(job, cmp);
     renderMismatches(job, cmp);
-    renderThroughput(cmp);
+    renderThroughput(job.id, cmp);
     renderReproducibility(cmp);
     await drawChart(job.id);
   }

@@ -1,0 +1,61 @@
+"""A user in Chromium: submits a comparison on the page and finds the divergence marker."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from tests.conftest import Stack
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.browser
+
+
+def test_submitting_on_the_page_shows_the_divergence_marker(embedded: Stack, tmp_path: Path) -> None:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        page.goto(embedded.url)
+        page.select_option("#workload", "mlp")
+        page.fill("#world-size", "2")
+        page.fill("#steps", "4")
+        page.select_option("#preset-a", "default")
+        page.select_option("#preset-b", "default")
+        page.check("#edit-b")
+        config_b = json.loads(page.input_value("#config-b"))
+        page.fill("#config-b", json.dumps({**config_b, "name": "four-ranks", "world_size": 4}))
+        page.click("#submit")
+        page.wait_for_url("**/jobs/*")
+        expect(page.locator("#verdict")).to_have_text("diverged", timeout=180_000)
+        expect(page.locator("#first-step")).to_have_text("1")
+        expect(page.locator("#divergent-tensors")).to_contain_text("0.weight")
+        expect(page.locator("#config-diff")).to_contain_text("world_size")
+        marker = page.wait_for_function("""() => {
+            const traces = (document.getElementById('chart').data || []).filter(t => t.name === 'first divergence');
+            return traces.length ? traces[0].x : null; }""", timeout=30_000).json_value()
+        assert list(marker) == [1]
+        page.screenshot(path=str(Path(os.environ.get("DETLAB_SCREENSHOT_DIR", tmp_path)) / "job.png"),
+                        full_page=True)
+        browser.close()
+
+
+def test_a_bad_config_on_the_page_shows_the_error_and_keeps_the_input(embedded: Stack) -> None:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.goto(embedded.url)
+        page.check("#edit-a")
+        bad = json.dumps({"name": "evil", "env": {"LD_PRELOAD": "/tmp/evil.so"}})
+        page.fill("#config-a", bad)
+        page.click("#submit")
+        expect(page.locator("#error")).to_contain_text("LD_PRELOAD is not an allowed variable")
+        assert page.input_value("#config-a") == bad
+        assert page.url.rstrip("/") == embedded.url
+        browser.close()
