@@ -1,0 +1,28 @@
+# detlab: `make run` starts the embedded dashboard; `make test` runs the whole test suite.
+# Both set up what they need (virtualenv, packages; services and browser for the tests).
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+
+.PHONY: run test lint bench services
+
+run: $(VENV)/.installed
+	$(VENV)/bin/detlab up --port $(PORT)
+
+test: $(VENV)/.installed services
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+services:
+	bash scripts/test-services.sh
+
+# torch is pinned to the CPU wheel: an unpinned torch pulls gigabytes of CUDA libraries.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[worker,dev]'
+	touch $@
