@@ -71,8 +71,12 @@ def up(port: int = 8000, data_dir: Annotated[Path, typer.Option()] = Path(".detl
     try:
         api(host="127.0.0.1", port=port)
     finally:
-        worker_proc.terminate()
-        worker_proc.wait(timeout=30)
+        worker_proc.terminate()  # Celery's warm shutdown: finishes nothing new, exits
+        try:
+            worker_proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            worker_proc.kill()  # the reconciler re-dispatches whatever it was running
+            worker_proc.wait()
 
 
 def _config_ref(value: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ def make_celery(settings: Settings) -> Celery:
         folder = str(settings.broker_folder())
         # Measured: ~50 ms polling keeps dispatch latency low without a busy loop.
         conf["broker_transport_options"] = {"data_folder_in": folder, "data_folder_out": folder,
+                                            "control_folder": str(settings.broker_folder() / "control"),
                                             "polling_interval": 0.05}
     app.conf.update(conf)
     return app
