@@ -26,12 +26,10 @@ from worker.fingerprint import (
     implementation_name,
     tensor_bytes,
 )
-from worker.fingerprint.reference import lane_sums_np
+from worker.fingerprint.reference import finalize, finalize_many, lane_sums_np
 from worker.fingerprint.torch_impl import fingerprint_torch, lane_sums_words
 
-needs_cuda = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)"
-)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 
 # (label, tensor builder, hex of its logical bytes, digest). The same table is in docs/fingerprint.md.
 VECTORS: list[tuple[str, Callable[[], torch.Tensor], str, str]] = [
@@ -183,6 +181,14 @@ def test_torch_and_reference_agree_at_large_word_positions(first_pos: int) -> No
     expected = lane_sums_np(words.numpy().view(np.uint64), first_pos)
     got = tuple(int(v) & ((1 << 64) - 1) for v in lane_sums_words(words, first_pos).tolist())
     assert got == expected
+
+
+def test_batched_finalize_matches_scalar_finalize() -> None:
+    rng = np.random.default_rng(10)
+    s0, s1 = rng.integers(0, 2**64, 50, dtype=np.uint64), rng.integers(0, 2**64, 50, dtype=np.uint64)
+    nbytes = rng.integers(0, 2**40, 50).astype(np.uint64)
+    expected = [finalize(int(a), int(b), int(n)) for a, b, n in zip(s0, s1, nbytes, strict=True)]
+    assert finalize_many(s0, s1, nbytes) == expected
 
 
 def test_fingerprint_many_matches_fingerprint() -> None:
