@@ -133,5 +133,28 @@ def submit(
         raise typer.Exit(1)
 
 
+@app.command("parse-log")
+def parse_log(
+    files: Annotated[list[Path], typer.Argument(help="NCCL/RCCL debug log files (NCCL_DEBUG=INFO)")],
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per file")] = False,
+) -> None:
+    """Print the facts in NCCL/RCCL debug logs: version, ranks, channels, transports, algorithm choices."""
+    from worker.commlog import main
+
+    raise typer.Exit(main([*map(str, files), *(["--json"] if as_json else [])]))
+
+
+@app.command("verify-collective", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def verify_collective(ctx: typer.Context) -> None:
+    """Check that collectives give the same bits on identical inputs, without a server.
+
+    Options are passed on: --backend gloo|nccl --world-size N --ops ... --dtypes ... --min-bytes
+    --max-bytes --step-factor --trials --seed --json (see `detlab verify-collective --help`).
+    Exits 0 when every size is reproducible, 1 otherwise."""
+    from worker.verify import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
 if __name__ == "__main__":
     app()

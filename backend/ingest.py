@@ -6,16 +6,34 @@ presumed dead and replaced) is refused rather than mixed into the new attempt's 
 
 from __future__ import annotations
 
+import base64
+import zlib
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from backend.comparisons import settle
-from backend.models import FINISHED, RUNNING, RankEnv, Run, StepRecord, TensorMeta, Worker, utcnow
-from backend.schemas import Heartbeat, RecordsBatch
+from backend.models import (
+    FINISHED,
+    RUNNING,
+    CollectiveTrial,
+    CommLog,
+    RankEnv,
+    Run,
+    StepRecord,
+    TensorMeta,
+    Worker,
+    utcnow,
+)
+from backend.schemas import CommLogUpload, Heartbeat, RecordsBatch
+from worker import commlog
+
+TRIAL_KEYS = ("op", "dtype", "bytes", "trial", "rank", "digest", "time_s")
+TRIAL_OPTIONAL = ("prefix_digest", "err_max_abs", "err_max_ulp", "frac_diff", "impl")
+MAX_LOG_BYTES = 16 << 20  # decompressed; the worker truncates before sending
 
 
 class Conflict(Exception):
@@ -37,7 +55,7 @@ def claim(*, session: Session, run: Run, worker: str, stale_after_s: float) -> d
     if run.status == RUNNING and beat and utcnow() - beat < timedelta(seconds=stale_after_s):
         raise Conflict(f"run {run.id} is running on {run.node} (attempt {run.attempt})")
     # A new attempt starts over: the previous attempt's partial records go, so no step is stored twice.
-    for model in (StepRecord, RankEnv, TensorMeta):
+    for model in (StepRecord, RankEnv, TensorMeta, CollectiveTrial, CommLog):
         session.execute(delete(model).where(model.run_id == run.id))
     run.attempt += 1
     run.status, run.node, run.error = RUNNING, worker, None
@@ -46,7 +64,9 @@ def claim(*, session: Session, run: Run, worker: str, stale_after_s: float) -> d
     settle(session=session, job=run.job)
     body = run.config.body
     return {
-        "run_id": run.id, "attempt": run.attempt, "kind": run.job.kind, "workload": run.job.workload,
+        "run_id": run.id, "attempt": run.attempt, "workload": run.job.workload,
+        "kind": "collective" if run.job.workload == "collective" else "train",
+        "collective": run.job.params.get("collective"),
         "world_size": run.world_size, "steps": run.steps_total, "seed": body["seed"], "threads": body["threads"],
         "env": body["env"], "torch": body["torch"],
         "fingerprint_interval": run.job.params.get("fingerprint_interval", 1),
@@ -72,7 +92,7 @@ def _check_attempt(run: Run, attempt: int) -> None:
 def add_records(*, session: Session, run: Run, batch: RecordsBatch) -> int:
     """Store a batch of spool records; returns how many were accepted (duplicates are ignored)."""
     _check_attempt(run, batch.attempt)
-    steps, envs, tensors = [], [], []
+    steps, envs, tensors, trials = [], [], [], []
     for rec in batch.records:
         kind = rec.get("type")
         try:
@@ -88,6 +108,9 @@ def add_records(*, session: Session, run: Run, batch: RecordsBatch) -> int:
                     "effective_env": rec.get("effective_env") or {}, "torch_flags": rec.get("torch_flags") or {}})
                 run.fingerprint_impl = rec.get("fingerprint_impl") or run.fingerprint_impl
                 run.device = str(rec.get("device") or "")[:32] or run.device
+            elif kind == "trial":
+                trials.append({"run_id": run.id, **{k: rec[k] for k in TRIAL_KEYS},
+                               **{k: rec.get(k) for k in TRIAL_OPTIONAL}})
             elif kind == "tensors":
                 tensors += [{"run_id": run.id, "index": int(t["index"]), "name": str(t["name"]),
                              "shape": list(t["shape"]), "dtype": str(t["dtype"])} for t in rec["tensors"]]
@@ -98,10 +121,32 @@ def add_records(*, session: Session, run: Run, batch: RecordsBatch) -> int:
     _insert(session, StepRecord, steps)
     _insert(session, RankEnv, envs)
     _insert(session, TensorMeta, tensors)
+    _insert(session, CollectiveTrial, trials)
     if steps:
         run.steps_done = max(run.steps_done, max(s["step"] for s in steps))
+    if trials:  # a collective run's progress: (op, dtype, size) cells that rank 0 finished
+        cells = select(CollectiveTrial.op, CollectiveTrial.dtype, CollectiveTrial.bytes).where(
+            CollectiveTrial.run_id == run.id, CollectiveTrial.rank == 0).distinct().subquery()
+        run.steps_done = session.scalar(select(func.count()).select_from(cells)) or 0
     run.heartbeat_at = utcnow()
     return len(batch.records)
+
+
+def add_comm_log(*, session: Session, run: Run, upload: CommLogUpload) -> dict[str, Any]:
+    """Store one process's NCCL/RCCL log (compressed) with its parsed facts."""
+    _check_attempt(run, upload.attempt)
+    try:
+        raw = base64.b64decode(upload.zlib_b64, validate=True)
+        inflater = zlib.decompressobj()
+        text = inflater.decompress(raw, MAX_LOG_BYTES)
+        if inflater.unconsumed_tail:
+            raise ValueError(f"log is over {MAX_LOG_BYTES} bytes decompressed")
+    except (ValueError, zlib.error) as exc:
+        raise ValueError(f"bad log upload: {exc}") from exc
+    parsed = commlog.parse(text.decode("utf-8", errors="replace"))
+    _insert(session, CommLog, [{"run_id": run.id, "rank": upload.rank, "raw": raw, "raw_bytes": upload.raw_bytes,
+                                "truncated": upload.truncated, "parsed": parsed}])
+    return parsed
 
 
 def finish(*, session: Session, run: Run, attempt: int, status: str, error: str | None) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import re
 from typing import Any
 
 from sqlalchemy import func, select
@@ -9,7 +12,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from backend import configs
 from backend.models import FAILED, FINISHED, QUEUED, RUNNING, SUCCEEDED, Config, Job, Run, utcnow
-from backend.schemas import JobCreate
+from backend.schemas import CollectiveParams, JobCreate
 from backend.settings import Settings
 from worker.workloads import registry
 
@@ -29,39 +32,100 @@ def get_or_create_config(*, session: Session, body: configs.ConfigBody) -> Confi
     return config
 
 
-def _validate(data: JobCreate, settings: Settings) -> tuple[int, list[configs.ConfigBody]]:
-    workloads = registry()
-    if data.workload not in workloads:
-        raise InvalidJob(f"unknown workload {data.workload!r}; registered: {sorted(workloads)}")
-    workload = workloads[data.workload]
-    steps = data.steps or workload.default_steps
-    if data.world_size > settings.max_world_size:
-        raise InvalidJob(f"world_size {data.world_size} is over the limit {settings.max_world_size}")
-    if workload.global_batch % data.world_size:
-        raise InvalidJob(f"{data.workload} has a global batch of {workload.global_batch}, which does not split "
-                         f"evenly over world_size {data.world_size}")
-    if steps > settings.max_steps or data.repeats > settings.max_repeats:
-        raise InvalidJob(f"steps must be <= {settings.max_steps} and repeats <= {settings.max_repeats}")
-    if data.inject_bitflip and (data.inject_bitflip.step > steps or data.inject_bitflip.rank >= data.world_size):
-        raise InvalidJob("inject_bitflip.step must be <= steps and inject_bitflip.rank < world_size")
+MAX_SWEEP_CELLS = 64
+CHANNEL_VARS = ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS")
+
+
+def _cell_name(values: dict[str, str | None]) -> str:
+    parts = [f"{k.removeprefix('NCCL_').removeprefix('RCCL_').lower().replace('_', '')}-{v}"
+             for k, v in values.items() if v is not None]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", ".".join(parts) or "default")
+    return name if len(name) <= 64 else f"{name[:55]}.{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
+def expand_sweep(base: configs.ConfigBody, knobs: dict[str, list[str | None]]) -> list[configs.ConfigBody]:
+    """One config per cell of the cartesian product of knob values; None leaves the knob at its default."""
+    problems = []
+    for name, values in knobs.items():
+        if not values:
+            problems.append(f"{name}: give at least one value (null = the library default)")
+        for value in values:
+            if value is None:
+                continue
+            names = CHANNEL_VARS if name == "channels" else (name,)
+            problems += [p for t in names if (p := configs.env_error(t, value))]
+    if problems:
+        raise InvalidJob("sweep knobs: " + "; ".join(problems))
+    cells = list(itertools.product(*knobs.values()))
+    if len(cells) > MAX_SWEEP_CELLS:
+        raise InvalidJob(f"the sweep has {len(cells)} cells; at most {MAX_SWEEP_CELLS}")
+    def targets(knob: str) -> tuple[str, ...]:
+        return CHANNEL_VARS if knob == "channels" else (knob,)
+
+    swept = {t for knob in knobs for t in targets(knob)}
+    out = []
+    for cell in cells:
+        values = dict(zip(knobs, cell, strict=True))
+        env = {k: v for k, v in base.env.items() if k not in swept}  # a swept knob's default is unset
+        env.update({t: v for knob, v in values.items() if v is not None for t in targets(knob)})
+        out.append(base.model_copy(update={"env": env, "name": _cell_name(values)}))
+    return out
+
+
+def _validate(data: JobCreate, settings: Settings) -> tuple[str, int, list[configs.ConfigBody]]:
+    """Checks a request against the registry and the limits; returns (workload, steps, configs)."""
+    if data.world_size > settings.max_world_size or data.repeats > settings.max_repeats:
+        raise InvalidJob(f"world_size must be <= {settings.max_world_size} and repeats <= {settings.max_repeats}")
     bodies = []
     for i, ref in enumerate(data.configs):
         try:
             bodies.append(configs.resolve(ref))
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise InvalidJob(f"config {i}: {exc}") from exc
-    return steps, bodies
+    kind = data.kind
+    if kind == "sweep":
+        if data.sweep is None or len(bodies) != 1:
+            raise InvalidJob("a sweep needs `sweep` (over, knobs) and exactly one base config")
+        bodies = expand_sweep(bodies[0], data.sweep.knobs)
+        kind = data.sweep.over
+    if kind == "collective":
+        params = data.collective or CollectiveParams()
+        sizes = params.sizes()
+        if not sizes or len(sizes) > 24 or params.min_bytes > params.max_bytes:
+            raise InvalidJob("collective sizes: min_bytes <= max_bytes, and at most 24 sizes (min × factor^k)")
+        return "collective", len(params.ops) * len(params.dtypes) * len(sizes), bodies
+    workloads = registry()
+    if data.workload not in workloads:
+        raise InvalidJob(f"unknown workload {data.workload!r}; registered: {sorted(workloads)}")
+    workload = workloads[data.workload]
+    steps = data.steps or workload.default_steps
+    if steps > settings.max_steps:
+        raise InvalidJob(f"steps must be <= {settings.max_steps}")
+    for body in bodies:
+        world = body.world_size or data.world_size
+        if workload.global_batch % world:
+            raise InvalidJob(f"{data.workload} has a global batch of {workload.global_batch}, which does not split "
+                             f"evenly over world_size {world}")
+    if data.inject_bitflip and (data.inject_bitflip.step > steps or data.inject_bitflip.rank >= data.world_size):
+        raise InvalidJob("inject_bitflip.step must be <= steps and inject_bitflip.rank < world_size")
+    return data.workload, steps, bodies
 
 
 def create_job(*, session: Session, data: JobCreate, settings: Settings, submitter: str | None) -> Job:
     """Validate, store the job and its runs (repeats interleaved A B A B so drift cancels)."""
-    steps, bodies = _validate(data, settings)
+    workload, steps, bodies = _validate(data, settings)
     stored = [get_or_create_config(session=session, body=b) for b in bodies]
-    params: dict[str, Any] = {"fingerprint_interval": data.fingerprint_interval,
-                              "global_batch": registry()[data.workload].global_batch}
+    params: dict[str, Any] = {"fingerprint_interval": data.fingerprint_interval}
+    if workload == "collective":
+        params["collective"] = {**(data.collective or CollectiveParams()).model_dump(),
+                                "sizes": (data.collective or CollectiveParams()).sizes()}
+    else:
+        params["global_batch"] = registry()[workload].global_batch
+    if data.sweep:
+        params["sweep"] = data.sweep.model_dump()
     if data.inject_bitflip:
         params["inject_bitflip"] = data.inject_bitflip.model_dump()
-    job = Job(kind=data.kind, workload=data.workload, world_size=data.world_size, steps=steps,
+    job = Job(kind=data.kind, workload=workload, world_size=data.world_size, steps=steps,
               repeats=data.repeats, params=params, config_ids=[c.id for c in stored], submitter=submitter,
               queue=data.queue)
     session.add(job)

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     Float,
     ForeignKey,
@@ -155,3 +156,40 @@ class Worker(Base):
     queue: Mapped[str] = mapped_column(String(64))
     last_seen: Mapped[datetime] = mapped_column(default=utcnow)
     info: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class CollectiveTrial(Base):
+    """One timed collective call on one rank: output digest, time, error against float64."""
+
+    __tablename__ = "collective_trials"
+    __table_args__ = (UniqueConstraint("run_id", "op", "dtype", "bytes", "trial", "rank"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    op: Mapped[str] = mapped_column(String(32))
+    dtype: Mapped[str] = mapped_column(String(16))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    trial: Mapped[int]
+    rank: Mapped[int]
+    digest: Mapped[str] = mapped_column(String(48))
+    prefix_digest: Mapped[str | None] = mapped_column(String(48))
+    time_s: Mapped[float] = mapped_column(Float)
+    err_max_abs: Mapped[float | None] = mapped_column(Float)
+    err_max_ulp: Mapped[float | None] = mapped_column(Float)
+    frac_diff: Mapped[float | None] = mapped_column(Float)
+    impl: Mapped[str | None] = mapped_column(String(32))
+
+
+class CommLog(Base):
+    """One process's NCCL/RCCL debug log: raw text compressed (size-capped) and its parsed facts."""
+
+    __tablename__ = "comm_logs"
+    __table_args__ = (UniqueConstraint("run_id", "rank"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int]
+    raw: Mapped[bytes] = mapped_column(LargeBinary)  # zlib-compressed text
+    raw_bytes: Mapped[int] = mapped_column(BigInteger)  # size before truncation
+    truncated: Mapped[bool] = mapped_column(default=False)
+    parsed: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -16,17 +16,54 @@ class BitFlip(BaseModel):
     rank: int = Field(default=0, ge=0)
 
 
+CollectiveOp = Literal["all_reduce_sum", "all_reduce_avg", "all_gather", "reduce_scatter", "broadcast"]
+CollectiveDtype = Literal["float32", "bfloat16", "float16"]
+
+
+class CollectiveParams(BaseModel):
+    """What a `collective` run measures: ops × dtypes × message sizes, T trials each."""
+
+    model_config = ConfigDict(extra="forbid")
+    ops: list[CollectiveOp] = Field(default=["all_reduce_sum"], min_length=1, max_length=5)
+    dtypes: list[CollectiveDtype] = Field(default=["float32"], min_length=1, max_length=3)
+    min_bytes: int = Field(default=4096, ge=64, le=1 << 33)
+    max_bytes: int = Field(default=1 << 20, ge=64, le=1 << 33)
+    step_factor: int = Field(default=4, ge=2, le=1024)
+    trials: int = Field(default=5, ge=1, le=1000)
+    warmup: int = Field(default=2, ge=0, le=100)
+
+    def sizes(self) -> list[int]:
+        sizes, size = [], self.min_bytes
+        while size <= self.max_bytes:
+            sizes.append(size)
+            size *= self.step_factor
+        return sizes
+
+
+class SweepParams(BaseModel):
+    """The cartesian product of knob values over the base config (configs[0]); null = library default.
+
+    Knobs are env variable names from the allow-list, plus `channels`, which sets NCCL's
+    MIN/MAX_NCHANNELS and MIN/MAX_CTAS together."""
+
+    model_config = ConfigDict(extra="forbid")
+    over: Literal["collective", "train"] = "collective"
+    knobs: dict[str, list[str | None]] = Field(min_length=1, max_length=8)
+
+
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["train"] = "train"
-    workload: str = Field(min_length=1, max_length=64)
+    kind: Literal["train", "collective", "sweep"] = "train"
+    workload: str | None = Field(default=None, min_length=1, max_length=64)
     configs: list[dict[str, Any]] = Field(min_length=1, max_length=8)
     world_size: int = Field(default=1, ge=1)
     steps: int | None = Field(default=None, ge=1)
     repeats: int = Field(default=1, ge=1)
     fingerprint_interval: int = Field(default=1, ge=1)
     inject_bitflip: BitFlip | None = None
+    collective: CollectiveParams | None = None
+    sweep: SweepParams | None = None
     queue: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -93,6 +130,15 @@ class RecordsBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     attempt: int = Field(ge=1)
     records: list[dict[str, Any]] = Field(max_length=10_000)
+
+
+class CommLogUpload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    attempt: int = Field(ge=1)
+    rank: int = Field(ge=0)
+    zlib_b64: str = Field(max_length=8 << 20)
+    raw_bytes: int = Field(ge=0)
+    truncated: bool = False
 
 
 class Finish(BaseModel):

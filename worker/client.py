@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import time
+import zlib
 from typing import Any
 
 import httpx
@@ -49,6 +51,11 @@ class IngestClient:
 
     def records(self, run_id: int, attempt: int, records: list[dict[str, Any]]) -> None:
         self._post(f"/api/v1/ingest/runs/{run_id}/records", {"attempt": attempt, "records": records})
+
+    def comm_log(self, run_id: int, attempt: int, rank: int, text: bytes, raw_bytes: int, truncated: bool) -> None:
+        body = {"attempt": attempt, "rank": rank, "zlib_b64": base64.b64encode(zlib.compress(text, 6)).decode(),
+                "raw_bytes": raw_bytes, "truncated": truncated}
+        self._post(f"/api/v1/ingest/runs/{run_id}/commlog", body)
 
     def finish(self, run_id: int, attempt: int, status: str, error: str | None = None) -> None:
         self._post(f"/api/v1/ingest/runs/{run_id}/finish", {"attempt": attempt, "status": status, "error": error})

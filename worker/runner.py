@@ -23,6 +23,10 @@ from worker.client import IngestClient, Stale
 
 BATCH = 200
 POLL_S = 0.2
+RANK_PROGRAMS = {"train": "worker.rank", "collective": "worker.collective"}
+# A log over this is cut to its head and tail: INIT facts sit at the top, the last TUNING lines at the end.
+LOG_CAP_BYTES = 8 << 20
+NCCL_DEBUG_DEFAULTS = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
 
 
 @dataclass
@@ -48,10 +52,11 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def rank_env(spec: dict[str, Any], rank: int, port: int) -> dict[str, str]:
-    env = dict(os.environ)
+def rank_env(spec: dict[str, Any], rank: int, port: int, log_dir: Path) -> dict[str, str]:
+    env = {**os.environ, **NCCL_DEBUG_DEFAULTS}
     env.update(spec["env"])  # the config's allow-listed knobs, to the children only
-    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+    env.update({"NCCL_DEBUG_FILE": str(log_dir / f"nccl-rank{rank}.log"),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                 "LOCAL_RANK": str(rank), "WORLD_SIZE": str(spec["world_size"]),
                 "LOCAL_WORLD_SIZE": str(spec["world_size"]), "PYTHONUNBUFFERED": "1"})
     if spec.get("threads"):
@@ -76,6 +81,20 @@ class SpoolReader:
             self.offsets[path] = self.offsets.get(path, 0) + end
             out += [json.loads(line) for line in data[:end].splitlines() if line.strip()]
         return out
+
+
+def upload_logs(client: IngestClient, run_id: int, attempt: int, folder: Path, world: int) -> None:
+    """Send each rank's NCCL/RCCL debug log (none on gloo), cut to head and tail when over the cap."""
+    for rank in range(world):
+        path = folder / f"nccl-rank{rank}.log"
+        if not path.exists():
+            continue
+        data = path.read_bytes()
+        truncated = len(data) > LOG_CAP_BYTES
+        if truncated:
+            head, tail = data[: LOG_CAP_BYTES // 4], data[-(LOG_CAP_BYTES - LOG_CAP_BYTES // 4) :]
+            data = head + b"\n[detlab: log truncated here]\n" + tail
+        client.comm_log(run_id, attempt, rank, data, path.stat().st_size, truncated)
 
 
 def _tail(path: Path, limit: int = 4000) -> str:
@@ -113,8 +132,8 @@ def _launch_and_stream(spec: dict[str, Any], client: IngestClient, device: str,
         procs = []
         for rank in range(world):
             err = (folder / f"rank{rank}.stderr").open("wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", "worker.rank", str(spec_path)],
-                                          env=rank_env(spec, rank, port), stdout=err, stderr=subprocess.STDOUT,
+            procs.append(subprocess.Popen([sys.executable, "-m", RANK_PROGRAMS[spec["kind"]], str(spec_path)],
+                                          env=rank_env(spec, rank, port, folder), stdout=err, stderr=subprocess.STDOUT,
                                           preexec_fn=_die_with_parent))
         reader = SpoolReader(folder)
         last_progress = time.monotonic()
@@ -148,4 +167,5 @@ def _launch_and_stream(spec: dict[str, Any], client: IngestClient, device: str,
         rest = reader.read()  # what ranks wrote before exiting or being killed is kept
         for i in range(0, len(rest), BATCH):
             client.records(run_id, attempt, rest[i : i + BATCH])
+        upload_logs(client, run_id, attempt, folder, world)
         return ("failed", failure) if failure else ("succeeded", None)

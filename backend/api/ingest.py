@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException
 from backend import ingest
 from backend.api.deps import IngestAuth, SessionDep, SettingsDep
 from backend.models import Run
-from backend.schemas import Claim, Finish, Heartbeat, RecordsBatch
+from backend.schemas import Claim, CommLogUpload, Finish, Heartbeat, RecordsBatch
 
 router = APIRouter(prefix="/api/v1/ingest", tags=["ingest"], dependencies=[IngestAuth])
 
@@ -43,6 +43,18 @@ def add_records(run_id: int, batch: RecordsBatch, session: SessionDep) -> dict[s
         raise HTTPException(422, str(exc)) from exc
     session.commit()
     return {"accepted": accepted}
+
+
+@router.post("/runs/{run_id}/commlog")
+def add_comm_log(run_id: int, upload: CommLogUpload, session: SessionDep) -> dict[str, Any]:
+    try:
+        parsed = ingest.add_comm_log(session=session, run=_run(session, run_id), upload=upload)
+    except ingest.Conflict as exc:
+        raise HTTPException(409, str(exc)) from exc
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    session.commit()
+    return {"version": parsed.get("version"), "library": parsed.get("library")}
 
 
 @router.post("/runs/{run_id}/finish")
