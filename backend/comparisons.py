@@ -9,7 +9,8 @@ from sqlalchemy.orm import Session
 
 from backend import compare, configs
 from backend.jobs import job_configs, roll_up
-from backend.models import FINISHED, SUCCEEDED, Job, RankEnv, Run, StepRecord, TensorMeta
+from backend.models import FINISHED, SUCCEEDED, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
+from worker import commlog
 
 
 def load_run(*, session: Session, run: Run, workload: str) -> compare.RunData:
@@ -35,7 +36,16 @@ def effective_mismatches(*, session: Session, runs: list[Run]) -> list[dict[str,
             checks.append(("threads", body["threads"], env.torch_flags.get("num_threads")))
         out += [{"run_id": env.run_id, "rank": env.rank, "key": key, "requested": want, "effective": got}
                 for key, want, got in checks if want != got]
-    return out
+    return out + log_flags(session=session, runs=runs)
+
+
+def log_flags(*, session: Session, runs: list[Run]) -> list[dict[str, Any]]:
+    """What the NCCL/RCCL logs say the library did, against what each run's config asked for."""
+    logs: dict[int, list[dict[str, Any]]] = {}
+    for log in session.scalars(select(CommLog).where(CommLog.run_id.in_([r.id for r in runs])).order_by(CommLog.rank)):
+        logs.setdefault(log.run_id, []).append(log.parsed)
+    return [{"run_id": run.id, "rank": None, **flag, "key": f"nccl.{flag['key']}"}
+            for run in runs if run.id in logs for flag in commlog.check_effective(run.config.body["env"], logs[run.id])]
 
 
 def build(*, session: Session, job: Job) -> dict[str, Any] | None:

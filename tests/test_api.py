@@ -175,3 +175,34 @@ def test_proxy_mode_refuses_a_submission_without_the_user_header(client: TestCli
 
 def test_live_answers_without_a_worker(client: TestClient) -> None:
     assert client.get("/api/v1/live").status_code == 200
+
+
+def test_a_log_showing_ring_under_a_tree_request_is_flagged(client: TestClient, session: Session,
+                                                            settings: Settings) -> None:
+    import base64
+    import zlib
+    from pathlib import Path
+
+    from backend import comparisons
+
+    run = make_run(session, settings, configs=[{"preset": "nccl-tree-simple-1ch"}])
+    spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    log = (Path(__file__).parent / "fixtures/commlogs/nccl-bynumber-ring-simple-issue1595.log").read_bytes()
+    upload = {"attempt": spec["attempt"], "rank": 0, "zlib_b64": base64.b64encode(zlib.compress(log)).decode(),
+              "raw_bytes": len(log)}
+    resp = client.post(f"/api/v1/ingest/runs/{run.id}/commlog", json=upload, headers=AUTH)
+    assert resp.status_code == 200 and resp.json()["library"] == "NCCL"
+    batch = {"attempt": spec["attempt"], "records": [step_record(0, 0)]}
+    client.post(f"/api/v1/ingest/runs/{run.id}/records", json=batch, headers=AUTH)
+    session.expire_all()
+    result = comparisons.build(session=session, job=run.job)
+    flags = {(f["key"], f.get("kind")) for f in result["effective_mismatches"]}
+    assert ("nccl.NCCL_ALGO", "not-honoured") in flags
+
+
+def test_a_log_upload_that_is_not_zlib_is_a_422(client: TestClient, session: Session, settings: Settings) -> None:
+    run = make_run(session, settings)
+    spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    upload = {"attempt": spec["attempt"], "rank": 0, "zlib_b64": "bm90IHpsaWI=", "raw_bytes": 8}
+    resp = client.post(f"/api/v1/ingest/runs/{run.id}/commlog", json=upload, headers=AUTH)
+    assert resp.status_code == 422 and "bad log upload" in resp.json()["detail"]
