@@ -45,6 +45,7 @@ def create_app(*, reconciler: bool = True) -> FastAPI:
 
     app.include_router(meta.router)
     app.include_router(jobs.router)
+    app.include_router(jobs.runs_router)
     app.include_router(ingest.router)
 
     @app.get("/static/plotly.min.js", include_in_schema=False)

@@ -7,11 +7,12 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query
 from sqlalchemy import select
 
-from backend import charts, comparisons, jobs
+from backend import charts, collectives, comparisons, jobs
 from backend.api.deps import CurrentUser, SessionDep, SettingsDep
-from backend.models import Run, utcnow
+from backend.models import CommLog, Run, utcnow
 from backend.queue import dispatch
 from backend.schemas import JobCreate, JobRead, JobsPage
+from worker import commlog
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -78,3 +79,37 @@ def read_comparison_figure(job_id: int, session: SessionDep) -> dict[str, Any]:
 @router.get("/{job_id}/throughput/figure")
 def read_throughput_figure(job_id: int, session: SessionDep) -> dict[str, Any]:
     return charts.throughput_figure(_comparison(job_id, session))
+
+
+def _collective(job_id: int, session: SessionDep) -> dict[str, Any]:
+    result = collectives.build(session=session, job=_job_or_404(session, job_id))
+    if result is None:
+        raise HTTPException(404, f"job {job_id} has no collective trials yet")
+    return result
+
+
+@router.get("/{job_id}/collective")
+def read_collective(job_id: int, session: SessionDep) -> dict[str, Any]:
+    return _collective(job_id, session)
+
+
+@router.get("/{job_id}/collective/figures")
+def read_collective_figures(job_id: int, session: SessionDep) -> dict[str, Any]:
+    from backend.collective_charts import collective_figures
+
+    return collective_figures(_collective(job_id, session))
+
+
+runs_router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+
+
+@runs_router.get("/{run_a}/logdiff/{run_b}")
+def log_diff(run_a: int, run_b: int, session: SessionDep) -> dict[str, Any]:
+    """The NCCL/RCCL log facts that differ between two runs (their lowest ranks' logs)."""
+    facts = []
+    for run_id in (run_a, run_b):
+        log = session.scalars(select(CommLog).where(CommLog.run_id == run_id).order_by(CommLog.rank)).first()
+        if log is None:
+            raise HTTPException(404, f"run {run_id} has no NCCL/RCCL log")
+        facts.append(log.parsed)
+    return {"a": run_a, "b": run_b, "diff": commlog.diff_facts(facts[0], facts[1])}
