@@ -66,7 +66,7 @@ def claim(*, session: Session, run: Run, worker: str, stale_after_s: float) -> d
     return {
         "run_id": run.id, "attempt": run.attempt, "workload": run.job.workload,
         "kind": "collective" if run.job.workload == "collective" else "train",
-        "collective": run.job.params.get("collective"),
+        **(run.job.params.get("collective") or {}),  # ops, dtypes, sizes, trials, warmup
         "world_size": run.world_size, "steps": run.steps_total, "seed": body["seed"], "threads": body["threads"],
         "env": body["env"], "torch": body["torch"],
         "fingerprint_interval": run.job.params.get("fingerprint_interval", 1),

@@ -114,3 +114,40 @@ def test_killed_worker_run_is_redispatched_without_duplicate_records(distributed
     engine.dispose()
     assert count == distinct == (steps + 1) * 2
     assert attempts == [2]
+
+
+def test_collective_job_reports_reproducibility_bandwidth_and_cross_config_equality(distributed: Stack) -> None:
+    collective = {"ops": ["all_reduce_sum", "broadcast"], "dtypes": ["float32"], "min_bytes": 4096,
+                  "max_bytes": 65536, "trials": 3, "warmup": 1}
+    job = distributed.submit({"kind": "collective", "world_size": 2, "repeats": 2, "collective": collective,
+                              "configs": [{"preset": "default", "name": "w2"},
+                                          {"preset": "default", "name": "w4", "world_size": 4}]})
+    done = distributed.wait_job(job["id"])
+    assert done["status"] == "succeeded", done
+    assert {r["steps_done"] for r in done["runs"]} == {6}
+    result = httpx.get(f"{distributed.url}/api/v1/jobs/{job['id']}/collective", timeout=30).json()
+    cells = result["cells"]
+    assert len(cells) == 2 * 2 * 3
+    assert all(c["reproducible"] and c["distinct_across_runs"] == 1 and c["runs"] == 2 for c in cells)
+    assert all(c["busbw_gbps"] > 0 and c["err_max_abs"] is not None for c in cells)
+    assert result["note"] and "gloo" in result["note"]
+    by_key = {(e["op"], e["bytes"]): e["equal"] for e in result["equality"]}
+    assert all(by_key[("broadcast", b)][0][1] is True for b in (4096, 16384, 65536))  # rank 0's input at any size
+    assert any(by_key[("all_reduce_sum", b)][0][1] is False for b in (4096, 16384, 65536))  # 2 vs 4 ranks
+    export = result["export"]["configs"][0]
+    assert export["results"][0]["size"] == 4096 and "bus_bw" in export["results"][0]["in_place"]
+
+
+def test_sweep_job_runs_one_config_per_cell(distributed: Stack) -> None:
+    job = distributed.submit({"kind": "sweep", "world_size": 2, "configs": [{"preset": "default"}],
+                              "collective": {"min_bytes": 4096, "max_bytes": 4096, "trials": 2, "warmup": 0},
+                              "sweep": {"over": "collective", "knobs": {"NCCL_ALGO": [None, "Ring"],
+                                                                         "channels": [None, "1"]}}})
+    done = distributed.wait_job(job["id"])
+    assert done["status"] == "succeeded"
+    assert sorted(c["name"] for c in done["configs"]) == ["algo-Ring", "algo-Ring.channels-1", "channels-1",
+                                                          "default"]
+    result = httpx.get(f"{distributed.url}/api/v1/jobs/{job['id']}/collective", timeout=30).json()
+    assert len(result["cells"]) == 4
+    # gloo ignores NCCL knobs, so every cell computes the same bits
+    assert all(all(v for v in row) for e in result["equality"] for row in e["equal"])
