@@ -43,8 +43,22 @@ def _outputs(trials: list[dict[str, Any]]) -> dict[Key, dict[int, str]]:
     return {k: {r: c.most_common(1)[0][0] for r, c in ranks.items()} for k, ranks in seen.items()}
 
 
-def cell_rows(index: int, per_run: list[list[dict[str, Any]]], world_size: int) -> list[dict[str, Any]]:
+def _across_nodes(per_run: list[list[dict[str, Any]]], nodes: list[str | None]) -> dict[Key, int]:
+    """Per (op, dtype, size): how many distinct outputs the nodes hold (each node's runs pooled)."""
+    by_node: dict[str | None, list[list[dict[str, Any]]]] = {}
+    for trials, node in zip(per_run, nodes, strict=True):
+        by_node.setdefault(node, []).append(trials)
+    outputs = [_outputs(_pooled(group)) for group in by_node.values()]
+    keys = {k for o in outputs for k in o}
+    return {k: len({tuple(sorted(o[k].items())) for o in outputs if k in o}) for k in keys}
+
+
+def cell_rows(index: int, per_run: list[list[dict[str, Any]]], world_size: int,
+              nodes: list[str | None]) -> list[dict[str, Any]]:
+    """One row per (op, dtype, size) of a config, with its equivalence classes: trials in one process,
+    fresh processes (runs), nodes, and message sizes (prefix_class)."""
     runs = [stats.summarize(t, world_size) for t in per_run if t]
+    across_nodes = _across_nodes(per_run, nodes) if len(set(nodes)) > 1 else {}
     in_process: dict[Key, int] = {}
     for summary in runs:
         for r in summary:
@@ -55,7 +69,9 @@ def cell_rows(index: int, per_run: list[list[dict[str, Any]]], world_size: int) 
         rows.append({
             "config_index": index, "op": r["op"], "dtype": r["dtype"], "bytes": r["bytes"], "trials": r["trials"],
             "runs": len(runs), "distinct_in_process": in_process.get((r["op"], r["dtype"], r["bytes"])),
-            "distinct_across_runs": r["distinct_digests"], "rank_consistent": r["ranks_consistent"],
+            "distinct_across_runs": r["distinct_digests"], "nodes": len(set(nodes)),
+            "distinct_across_nodes": across_nodes.get((r["op"], r["dtype"], r["bytes"])),
+            "rank_consistent": r["ranks_consistent"],
             "reproducible": r["reproducible"], "time_us": r["time_s_median"] * 1e6, "algbw_gbps": r["algbw_gbs"],
             "busbw_gbps": r["busbw_gbs"], "busbw_spread": [r["busbw_gbs_min"], r["busbw_gbs_max"]],
             "err_max_abs": r["err_max_abs"], "err_max_ulp": r["err_max_ulp"], "frac_diff": r["frac_diff"],
@@ -99,7 +115,7 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     params = job.params.get("collective") or {}
     for i, config in enumerate(cfgs):
         per_run = [trials[r.id] for r in by_config.get(i, [])]
-        rows = cell_rows(i, per_run, worlds[i])
+        rows = cell_rows(i, per_run, worlds[i], [r.node for r in by_config.get(i, [])])
         exports.append({"config": config.name, "env": config.body["env"], **stats.nccl_tests_json(
             [r.pop("summary") for r in rows], {**params, "world_size": worlds[i], "env": sorted(config.body["env"])})})
         cells += rows
