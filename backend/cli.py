@@ -133,6 +133,52 @@ def submit(
         raise typer.Exit(1)
 
 
+def _checkpoint_fingerprints(path: Path) -> dict[str, dict[str, Any]]:
+    from worker.checkpoint import CheckpointError, fingerprints
+
+    try:
+        return fingerprints(path)
+    except CheckpointError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def fingerprint(
+    path: Annotated[Path, typer.Argument(help="a .safetensors file or a torch.save checkpoint")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Print the fp1 fingerprint of every tensor in a checkpoint."""
+    found = _checkpoint_fingerprints(path)
+    if as_json:
+        typer.echo(json.dumps(found))
+        return
+    for name, info in found.items():
+        typer.echo(f"{info['digest']}  {name}  {info['dtype']}{info['shape']}")
+
+
+@app.command()
+def diff(
+    a: Annotated[Path, typer.Argument(help="checkpoint A")],
+    b: Annotated[Path, typer.Argument(help="checkpoint B")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List tensors that differ between two checkpoints. Exit 0 when identical, 1 otherwise (a CI gate)."""
+    from worker.checkpoint import diff as diff_checkpoints
+
+    result = diff_checkpoints(_checkpoint_fingerprints(a), _checkpoint_fingerprints(b))
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for label, names in (("differs", result["differ"]), (f"only in {a}", result["only_a"]),
+                             (f"only in {b}", result["only_b"])):
+            for name in names:
+                typer.echo(f"{label}: {name}")
+        counts = f"{len(result['differ'])} differ, {len(result['only_a'])} only in A, {len(result['only_b'])} only in B"
+        typer.echo("identical" if not any(result.values()) else counts)
+    raise typer.Exit(1 if any(result.values()) else 0)
+
+
 @app.command("parse-log")
 def parse_log(
     files: Annotated[list[Path], typer.Argument(help="NCCL/RCCL debug log files (NCCL_DEBUG=INFO)")],

@@ -16,6 +16,7 @@ RED_LIGHT = "#f4a3a0"
 RED_DARK = "#b42318"
 FRONTIER = "#2b5fd9"
 MIB = 1 << 20
+MAX_LABELS = 6  # configs beyond this get hover text instead of printed labels and numbers
 
 # The order the submit form lists them in; unknown ops and dtypes sort after, by name.
 OP_ORDER = ("all_reduce_sum", "all_reduce_avg", "all_gather", "reduce_scatter", "broadcast")
@@ -160,7 +161,7 @@ def _spread_bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def bandwidth_figure(result: dict[str, Any]) -> dict[str, Any]:
     """busbw (GB/s) against message size on a log axis, one line per config; open markers = not reproducible."""
-    title = "Bus bandwidth (median over trials, spread as error bars)"
+    title = "Bus bandwidth"
     cells = [c for c in result.get("cells") or [] if _finite(c.get("busbw_gbps"))]
     if not cells:
         return _empty(title, "No bandwidth measured yet.")
@@ -189,7 +190,8 @@ def bandwidth_figure(result: dict[str, Any]) -> dict[str, Any]:
                 hovertemplate="%{fullData.name} · %{text}: %{y:.2f} GB/s · %{customdata}<extra></extra>",
             ))
     sizes = sorted({int(c["bytes"]) for c in cells})
-    fig.add_annotation(text="● reproducible  ○ not reproducible", x=0, y=1.02, xref="paper", yref="paper",
+    legend = "median over trials, spread as error bars · ● reproducible  ○ not reproducible"
+    fig.add_annotation(text=legend, x=0, y=1.02, xref="paper", yref="paper",
                        xanchor="left", yanchor="bottom", showarrow=False, font={"color": "#6b7280", "size": 12})
     fig.update_layout(
         title={"text": f"{title}: {_group_label(all_groups[0])}"},
@@ -226,10 +228,12 @@ def frontier_points(result: dict[str, Any]) -> list[dict[str, Any]]:
         if not measured:
             continue
         large = [c for c in measured if int(c["bytes"]) >= MIB]
+        basis = "median over sizes ≥ 1 MiB"
         if not large:
             largest = max(int(c["bytes"]) for c in measured)
             large = [c for c in measured if int(c["bytes"]) == largest]
-        out.append({"config_index": index, "name": names[pos],
+            basis = f"at {human_bytes(largest)}, the largest size"
+        out.append({"config_index": index, "name": names[pos], "basis": basis,
                     "busbw_gbps": statistics.median(float(c["busbw_gbps"]) for c in large),
                     "reproducible_share": sum(1 for c in mine if c.get("reproducible")) / len(mine)})
     return out
@@ -251,9 +255,12 @@ def frontier_figure(result: dict[str, Any]) -> dict[str, Any]:
         line={"color": FRONTIER, "dash": "dash", "width": 1.5}, hoverinfo="skip",
     ))
     on_front = set(front)
+    # Past a handful of configs the labels pile up; then only the frontier is labelled and hover names the rest.
+    labelled = set(range(len(points))) if len(points) <= MAX_LABELS else on_front
     fig.add_trace(go.Scatter(
         x=[x for x, _ in xy], y=[y for _, y in xy], name="configs", mode="markers+text",
         text=[p["name"] for p in points], textposition="top center", textfont={"size": 11},
+        texttemplate=[p["name"] if i in labelled else "" for i, p in enumerate(points)],
         marker={"size": [14 if i in on_front else 9 for i in range(len(points))],
                 "color": [colors[positions[p["config_index"]]] for p in points],
                 "line": {"width": [2 if i in on_front else 0 for i in range(len(points))], "color": FRONTIER}},
@@ -265,7 +272,9 @@ def frontier_figure(result: dict[str, Any]) -> dict[str, Any]:
         template="plotly_white",
         height=420,
         margin={"l": 60, "r": 30, "t": 60, "b": 50},
-        xaxis={"title": {"text": "busbw (GB/s), median over sizes ≥ 1 MiB"}, "rangemode": "tozero"},
+        # Headroom on the right so the fastest config's label is not cut at the edge.
+        xaxis={"title": {"text": f"busbw (GB/s), {' / '.join(dict.fromkeys(p['basis'] for p in points))}"},
+               "range": [0, max(x for x, _ in xy) * 1.2 or 1]},
         yaxis={"title": {"text": "share of cells reproducible"}, "tickformat": ".0%", "range": [-0.05, 1.12]},
         showlegend=False,
     )
@@ -298,7 +307,8 @@ def equality_figure(result: dict[str, Any]) -> dict[str, Any]:
     fig = go.Figure(go.Heatmap(
         x=names, y=names, z=shares, zmin=0, zmax=1, xgap=1, ygap=1,
         colorscale=[[0.0, RED_DARK], [0.5, "#fff4d6"], [1.0, GREEN]],
-        text=[["n/a" if s is None else f"{s:.0%}" for s in row] for row in shares], texttemplate="%{text}",
+        text=[["n/a" if s is None else f"{s:.0%}" for s in row] for row in shares],
+        texttemplate="%{text}" if len(names) <= MAX_LABELS * 2 else None,
         colorbar={"title": {"text": "equal"}, "tickformat": ".0%"},
         hovertemplate="%{y} vs %{x}: %{text} of cells bitwise equal<extra></extra>",
     ))

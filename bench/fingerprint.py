@@ -2,6 +2,10 @@
 
     PYTHONPATH=. python3 bench/fingerprint.py [--cpu-only] [--json PATH]   # timings (+ a quick check)
     PYTHONPATH=. python3 bench/fingerprint.py --check                    # triton/torch vs numpy only
+    PYTHONPATH=. python3 bench/fingerprint.py --baseline DIR             # also time an older copy of the package
+
+`--baseline DIR` loads DIR/__init__.py (a copy of worker/fingerprint from another commit) as a package and
+times its Triton path next to the current one on the same tensors, for before/after figures from one run.
 
 GPU timings use CUDA events after warm-up; every figure is a median with min/max and IQR over repeats.
 GB/s are 1e9 bytes of tensor input per second. A section that fails is reported and skipped, so one
@@ -12,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
+import importlib.util
 import json
 import platform
 import random
@@ -20,6 +26,9 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -35,6 +44,23 @@ DTYPES = [
     torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64,
 ]  # fmt: skip
 GiB = 1 << 30
+# Kernel configurations timed by the "triton kernel configurations" section: (block, iters, num_warps, prefetch).
+CONFIGS = [(1024, 32, 8, False), (2048, 16, 8, False), (1024, 32, 4, False), (1024, 32, 8, True),
+           (2048, 16, 8, True), (1024, 64, 8, True), (512, 64, 4, True)]  # fmt: skip
+# The package given by --baseline, if any.
+baseline: ModuleType | None = None
+
+
+def load_baseline(path: str) -> ModuleType:
+    """Import DIR/__init__.py as the package `fp_baseline` (its relative imports resolve inside DIR)."""
+    init = Path(path) / "__init__.py"
+    spec = importlib.util.spec_from_file_location("fp_baseline", init, submodule_search_locations=[path])
+    if spec is None or spec.loader is None or not init.exists():
+        raise SystemExit(f"--baseline {path}: no __init__.py there; give a copy of worker/fingerprint")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fp_baseline"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 # --- timing -----------------------------------------------------------------------------------------------
@@ -136,6 +162,10 @@ def run_check(full: bool) -> tuple[list[str], dict[str, Any]]:
         else:
             impls["triton (one launch per tensor)"] = lambda ts: [fingerprint_many_triton([t])[0] for t in ts]
             impls["triton (one launch for all)"] = fingerprint_many_triton
+            # Each tensor twice in a row: the second call reuses the kept launch table.
+            impls["triton (per tensor, kept plan)"] = lambda ts: [
+                [fingerprint_many_triton([t]) for _ in range(2)][1][0] for t in ts
+            ]
     impls[f"dispatch ({implementation_name(device)})"] = fingerprint_many
     problems = []
     for name, fn in impls.items():
@@ -212,10 +242,23 @@ def bench_gpu_buffer(res: dict[str, Any]) -> None:
         from worker.fingerprint.triton_impl import fingerprint_many_triton
 
         res["triton fingerprint"] = bandwidth(nbytes, time_cuda(lambda: fingerprint_many_triton([x]), 20))
+
+        def uncached() -> None:
+            triton_impl.clear_plan_cache()
+            fingerprint_many_triton([x])
+
+        res["triton fingerprint, plan not kept"] = bandwidth(nbytes, time_cuda(uncached, 20))
         prepared = triton_impl.plan([x])
         res["triton kernel only (planned launch)"] = bandwidth(
             nbytes, time_cuda(lambda: triton_impl.launch(prepared), 20)
         )
+        if baseline is not None and baseline.implementation_name("cuda") == "triton":
+            old = importlib.import_module("fp_baseline.triton_impl")
+            res["baseline triton fingerprint"] = bandwidth(
+                nbytes, time_cuda(lambda: old.fingerprint_many_triton([x]), 20)
+            )
+            old_plan = old.plan([x])
+            res["baseline kernel only"] = bandwidth(nbytes, time_cuda(lambda: old.launch(old_plan), 20))
     else:
         print("  (Triton unavailable: no Triton figure)")
     res["torch-cuda fingerprint"] = bandwidth(nbytes, time_cuda(lambda: fingerprint_torch(x), 5))
@@ -243,6 +286,17 @@ def bench_model(res: dict[str, Any]) -> None:
 
         prepared = triton_impl.plan(bf16)
         res["bf16 kernel only (planned launch)"] = spread(time_cuda(lambda: triton_impl.launch(prepared), 20))
+
+        def uncached() -> None:
+            triton_impl.clear_plan_cache()
+            fingerprint_many(bf16)
+
+        res["bf16 one call, plan not kept"] = spread(time_cuda(uncached, 20))
+        if baseline is not None and baseline.implementation_name("cuda") == "triton":
+            old = importlib.import_module("fp_baseline.triton_impl")
+            res["baseline bf16 one multi-tensor call"] = spread(time_cuda(lambda: baseline.fingerprint_many(bf16), 20))
+            old_plan = old.plan(bf16)
+            res["baseline bf16 kernel only"] = spread(time_cuda(lambda: old.launch(old_plan), 20))
     res["bf16 per-tensor calls"] = spread(time_cuda(lambda: [fingerprint(p) for p in bf16], 5))
     res["bf16 per-tensor torch-cuda"] = spread(time_cuda(lambda: [fingerprint_torch(p) for p in bf16], 3))
     res["fp32 one multi-tensor call"] = spread(time_cuda(lambda: fingerprint_many(fp32), 20))
@@ -259,8 +313,32 @@ def bench_model(res: dict[str, Any]) -> None:
 
     res["train step (16x1024, bf16 autocast, AdamW)"] = spread(time_cuda(step, 10, warmup=3))
     step_s = res["train step (16x1024, bf16 autocast, AdamW)"]["median"]
-    for key in ["bf16 one multi-tensor call", "bf16 per-tensor calls", "fp32 one multi-tensor call"]:
-        res[key]["percent_of_step"] = 100 * res[key]["median"] / step_s
+    for key in ["bf16 one multi-tensor call", "bf16 per-tensor calls", "fp32 one multi-tensor call",
+                "bf16 one call, plan not kept", "baseline bf16 one multi-tensor call"]:  # fmt: skip
+        if key in res:
+            res[key]["percent_of_step"] = 100 * res[key]["median"] / step_s
+
+
+def bench_configs(res: dict[str, Any]) -> None:
+    if implementation_name("cuda") != "triton":
+        print("  (Triton unavailable: no configurations to time)")
+        return
+    from worker.fingerprint import triton_impl
+
+    x = torch.randn(GiB, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    nbytes = 2 * GiB
+    for block, iters, warps, prefetch in CONFIGS:
+        config = triton_impl.KernelConfig(block, iters, warps, prefetch)
+        name = f"block {block} x {iters}, {warps} warps{', prefetch' if prefetch else ''}"
+        problem = triton_impl.check_against_reference(torch.device("cuda"), config)
+        if problem is not None:
+            res[name] = f"FAILED self-check: {problem}"
+            continue
+        res[f"{name}, end to end"] = bandwidth(
+            nbytes, time_cuda(partial(triton_impl.fingerprint_many_triton, [x], config), 20)
+        )
+        prepared = triton_impl.plan([x], config)
+        res[f"{name}, kernel only"] = bandwidth(nbytes, time_cuda(partial(triton_impl.launch, prepared), 20))
 
 
 def section(name: str, fn: Callable[[dict[str, Any]], None], out: dict[str, Any]) -> None:
@@ -288,7 +366,11 @@ def main() -> int:
     parser.add_argument("--cpu-only", action="store_true", help="only the CPU path (for machines without GPU)")
     parser.add_argument("--json", metavar="PATH", help="also write all results to PATH as JSON")
     parser.add_argument("--check", action="store_true", help="only compare implementations with numpy")
+    parser.add_argument("--baseline", metavar="DIR", help="also time the package copy in DIR (before/after)")
     args = parser.parse_args()
+    if args.baseline:
+        global baseline
+        baseline = load_baseline(args.baseline)
 
     gpu = torch.cuda.is_available() and not args.cpu_only
     meta = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
@@ -317,6 +399,7 @@ def main() -> int:
     if gpu:
         section("gpu 2 GiB bf16 buffer", bench_gpu_buffer, results)
         section("gpt2-small parameters", bench_model, results)
+        section("triton kernel configurations, 2 GiB bf16", bench_configs, results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -391,3 +391,50 @@ def test_triton_multi_tensor_list_matches_per_tensor_digests() -> None:
 def test_cuda_uses_triton_when_available() -> None:
     pytest.importorskip("triton")
     assert implementation_name("cuda") == "triton"
+
+
+@needs_cuda
+def test_triton_kept_plan_sees_in_place_changes() -> None:
+    from worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    x = random_tensor(torch.float32, 100_003, 1, device="cuda")
+    before = fingerprint_many_triton([x])
+    x.view(torch.int32)[77] ^= 1  # same storage, shape, strides: the launch table is kept, bytes read again
+    assert fingerprint_many_triton([x]) == [fingerprint_bytes(tensor_bytes(x))] != before
+
+
+@needs_cuda
+def test_triton_kept_plan_tells_views_of_one_storage_apart() -> None:
+    from worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    c = random_tensor(torch.complex64, 64, 2, device="cuda").reshape(8, 8)
+    views = [c, c.conj(), c.t(), c[:4], c.view(torch.float32), c.reshape(-1)[:3]]
+    for _ in range(2):
+        assert [fingerprint_many_triton([v])[0] for v in views] == [fingerprint_bytes(tensor_bytes(v)) for v in views]
+
+
+@needs_cuda
+@pytest.mark.parametrize("extra_bytes", [-9, -8, -1, 0, 1, 7, 8, 9])
+def test_triton_partial_last_word_next_to_a_tile_boundary(extra_bytes: int) -> None:
+    from worker.fingerprint.triton_impl import CONFIG, fingerprint_many_triton
+
+    t = random_tensor(torch.uint8, 2 * CONFIG.tile * 8 + extra_bytes, 3, device="cuda")
+    pair = [t, t[:5]]
+    assert fingerprint_many_triton(pair) == [fingerprint_bytes(tensor_bytes(v)) for v in pair]
+
+
+@needs_cuda
+def test_triton_plan_cache_is_bounded_and_keeps_no_tensor_alive() -> None:
+    import gc
+    import weakref
+
+    from worker.fingerprint import triton_impl
+
+    tensors = [torch.full((16,), i, device="cuda") for i in range(triton_impl.CACHE_SIZE + 5)]
+    refs = [weakref.ref(t) for t in tensors]
+    for t in tensors:
+        triton_impl.fingerprint_many_triton([t])
+    assert len(triton_impl._plans) <= triton_impl.CACHE_SIZE
+    del t, tensors
+    gc.collect()
+    assert all(r() is None for r in refs)

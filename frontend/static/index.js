@@ -1,4 +1,4 @@
-// Submit form for a two-config comparison, and the recent jobs table.
+// Submit form for a train comparison, a collective test or a knob sweep, and the recent jobs table.
 // All data goes into the page through textContent (never innerHTML), so names from the API
 // and error messages cannot inject markup.
 "use strict";
@@ -6,6 +6,26 @@
 (function () {
   const API = "/api/v1";
   const JOBS_REFRESH_MS = 5000;
+  const MAX_SIZES = 24; // the backend's limit on min × factor^k sizes
+  const MAX_SWEEP_CELLS = 64; // the backend's limit on one sweep
+  const OPS = ["all_reduce_sum", "all_reduce_avg", "all_gather", "reduce_scatter", "broadcast"];
+  const DTYPES = ["float32", "bfloat16", "float16"];
+  const KINDS = {
+    train: {
+      button: "Submit comparison",
+      description: "Train a workload under configs A and B and find the first step, tensor and rank where they part.",
+    },
+    collective: {
+      button: "Submit collective test",
+      description: "Run each collective on identical seeded inputs, many trials per message size, under each config: "
+        + "distinct outputs, rank agreement, bus bandwidth, error against a float64 reference.",
+    },
+    sweep: {
+      button: "Submit sweep",
+      description: "The collective test once per cell of the knob product over the base config: "
+        + "which settings are reproducible, and at what bandwidth.",
+    },
+  };
   const presets = new Map(); // name -> preset {name, description, config}
   const workloads = new Map(); // name -> workload {name, description, default_steps, global_batch}
 
@@ -108,14 +128,153 @@
     return value;
   }
 
+  // ---- collective and sweep parameters --------------------------------------------------------
+
+  function humanBytes(n) {
+    for (const [unit, scale] of [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
+      if (n >= scale) {
+        const value = n / scale;
+        return `${Number.isInteger(value) ? value : Number(value.toPrecision(3))} ${unit}`;
+      }
+    }
+    return `${n} B`;
+  }
+
+  function checked(prefix, values) {
+    return values.filter((value) => $(`${prefix}-${value}`).checked);
+  }
+
+  // Same series as the backend: min, min × factor, … while <= max.
+  function messageSizes(min, max, factor) {
+    const sizes = [];
+    for (let size = min; size <= max && sizes.length <= MAX_SIZES; size *= factor) sizes.push(size);
+    return sizes;
+  }
+
+  function collectiveParams() {
+    const ops = checked("op", OPS);
+    const dtypes = checked("dtype", DTYPES);
+    if (ops.length === 0) throw new Error("Tick at least one operation.");
+    if (dtypes.length === 0) throw new Error("Tick at least one dtype.");
+    const minBytes = intValue("min-bytes", "Min bytes");
+    const maxBytes = intValue("max-bytes", "Max bytes");
+    const stepFactor = intValue("step-factor", "Step factor");
+    if (minBytes < 64) throw new Error(`Min bytes must be at least 64 (got ${minBytes}).`);
+    if (minBytes > maxBytes) {
+      throw new Error(`Min bytes (${humanBytes(minBytes)}) is above max bytes (${humanBytes(maxBytes)}); swap them.`);
+    }
+    if (stepFactor < 2) throw new Error("Step factor must be at least 2.");
+    const count = messageSizes(minBytes, maxBytes, stepFactor).length;
+    if (count > MAX_SIZES) {
+      throw new Error(`That is more than ${MAX_SIZES} message sizes; raise the step factor or narrow min/max bytes.`);
+    }
+    const warmupRaw = $("warmup").value.trim();
+    const warmup = Number(warmupRaw);
+    if (warmupRaw === "" || !Number.isInteger(warmup) || warmup < 0) {
+      throw new Error(`Warm-up must be a whole number of at least 0 (got "${warmupRaw}").`);
+    }
+    return {
+      ops, dtypes, min_bytes: minBytes, max_bytes: maxBytes, step_factor: stepFactor,
+      trials: intValue("trials", "Trials"), warmup,
+    };
+  }
+
+  // Knob values are environment strings; a bare number is taken as its string, null as the library default.
+  function parseKnobs() {
+    let parsed;
+    try {
+      parsed = JSON.parse($("knobs").value);
+    } catch (err) {
+      throw new Error(`Sweep knobs: the JSON does not parse (${err.message}).`);
+    }
+    if (!parsed || typeof parsed !== "object" || Array.isArray(parsed) || Object.keys(parsed).length === 0) {
+      throw new Error('Sweep knobs: expected an object of knob → list of values, e.g. {"NCCL_ALGO": [null, "Ring", "Tree"]}.');
+    }
+    const knobs = {};
+    for (const [name, values] of Object.entries(parsed)) {
+      if (!Array.isArray(values) || values.length === 0) {
+        throw new Error(`Sweep knobs: ${name} needs a non-empty list of values (null = the library default).`);
+      }
+      knobs[name] = values.map((value) => {
+        if (value === null || typeof value === "string") return value;
+        if (typeof value === "number" && Number.isFinite(value)) return String(value);
+        throw new Error(`Sweep knobs: ${name} has ${JSON.stringify(value)}; use strings like "1" or null.`);
+      });
+    }
+    return knobs;
+  }
+
+  function updateSizesHint() {
+    for (const id of ["min-bytes", "max-bytes"]) {
+      const n = Number($(id).value);
+      $(`${id}-hint`).textContent = Number.isInteger(n) && n > 0 ? `= ${humanBytes(n)}` : "";
+    }
+    const [min, max, factor] = ["min-bytes", "max-bytes", "step-factor"].map((id) => Number($(id).value));
+    const hint = $("sizes-hint");
+    if (!(Number.isInteger(min) && Number.isInteger(max) && Number.isInteger(factor) && min >= 1 && factor >= 2)) {
+      hint.textContent = "";
+      return;
+    }
+    const sizes = messageSizes(min, max, factor);
+    if (sizes.length === 0) hint.textContent = "No message sizes: min bytes is above max bytes.";
+    else if (sizes.length > MAX_SIZES) hint.textContent = `More than ${MAX_SIZES} message sizes; at most ${MAX_SIZES}.`;
+    else hint.textContent = `${sizes.length} message ${sizes.length === 1 ? "size" : "sizes"}: ${sizes.map(humanBytes).join(", ")}`;
+    hint.classList.toggle("warn", sizes.length === 0 || sizes.length > MAX_SIZES);
+  }
+
+  function updateCellCount() {
+    const box = $("cell-count");
+    let knobs;
+    try {
+      knobs = parseKnobs();
+    } catch (err) {
+      box.textContent = err.message;
+      box.classList.add("warn");
+      return;
+    }
+    const cells = Object.values(knobs).reduce((product, values) => product * values.length, 1);
+    const repeats = Number($("repeats").value);
+    const runs = Number.isInteger(repeats) && repeats > 0 ? ` × ${repeats} ${repeats === 1 ? "repeat" : "repeats"} = ${cells * repeats} runs` : "";
+    const over = cells > MAX_SWEEP_CELLS ? ` (at most ${MAX_SWEEP_CELLS})` : "";
+    box.textContent = `${cells} ${cells === 1 ? "cell" : "cells"} (${Object.keys(knobs).join(" × ")})${runs}${over}`;
+    box.classList.toggle("warn", cells > MAX_SWEEP_CELLS);
+  }
+
+  function syncKind() {
+    const kind = $("kind").value;
+    const train = kind === "train";
+    $("workload-field").hidden = !train;
+    $("steps-field").hidden = !train;
+    $("collective-fields").hidden = train;
+    $("sweep-fields").hidden = kind !== "sweep";
+    $("panel-b").hidden = kind === "sweep";
+    $("config-a-title").replaceChildren(
+      kind === "sweep" ? "Base config " : "Config A ",
+      kind === "sweep" ? el("small", { text: "(every cell starts from it)" }) : el("small", { text: "(baseline)" })
+    );
+    $("submit").textContent = KINDS[kind].button;
+    $("kind-description").textContent = KINDS[kind].description;
+    updateSizesHint();
+    updateCellCount();
+  }
+
   function buildPayload() {
+    const kind = $("kind").value;
+    const common = { world_size: intValue("world-size", "World size"), repeats: intValue("repeats", "Repeats") };
+    if (kind === "collective") {
+      return { kind, configs: [configFor("a"), configFor("b")], ...common, collective: collectiveParams() };
+    }
+    if (kind === "sweep") {
+      const knobs = parseKnobs();
+      return { kind, configs: [configFor("a")], ...common, sweep: { over: "collective", knobs }, collective: collectiveParams() };
+    }
     return {
       kind: "train",
       workload: $("workload").value,
       configs: [configFor("a"), configFor("b")],
-      world_size: intValue("world-size", "World size"),
+      world_size: common.world_size,
       steps: intValue("steps", "Steps"),
-      repeats: intValue("repeats", "Repeats"),
+      repeats: common.repeats,
     };
   }
 
@@ -173,9 +332,16 @@
     return Number.isNaN(date.getTime()) ? String(iso) : date.toLocaleString();
   }
 
+  function configNames(job) {
+    const names = job.config_names || [];
+    if (names.length > 3) return `${names.length} configs (${names[0]}, ${names[1]}, …)`;
+    return names.join(" vs ");
+  }
+
   function jobRow(job) {
     const href = `/jobs/${encodeURIComponent(job.id)}`;
-    const names = (job.config_names || []).join(" vs ");
+    const names = configNames(job);
+    const train = (job.kind || "train") === "train";
     return el(
       "tr",
       {},
@@ -184,10 +350,10 @@
       el("td", { text: job.workload || "" }),
       el("td", {}, el("a", { href, text: names || "—" })),
       el("td", { className: "num", text: job.world_size ?? "" }),
-      el("td", { className: "num", text: job.steps ?? "" }),
+      el("td", { className: "num", text: train ? job.steps ?? "" : "" }),
       el("td", { className: "num", text: job.repeats ?? "" }),
       el("td", {}, badge(job.status)),
-      el("td", {}, badge(job.verdict, job.status === "failed" ? "—" : "pending")),
+      el("td", {}, badge(job.verdict, job.status === "failed" || !train ? "—" : "pending")),
       el("td", { className: "muted", text: formatTime(job.created_at) })
     );
   }
@@ -214,6 +380,10 @@
 
   async function init() {
     $("job-form").addEventListener("submit", submit);
+    $("kind").addEventListener("change", syncKind);
+    for (const id of ["min-bytes", "max-bytes", "step-factor"]) $(id).addEventListener("input", updateSizesHint);
+    for (const id of ["knobs", "repeats"]) $(id).addEventListener("input", updateCellCount);
+    syncKind();
     loadJobs();
     setInterval(loadJobs, JOBS_REFRESH_MS);
 

@@ -87,6 +87,12 @@ def fingerprint_many(tensors: list[torch.Tensor]) -> list[str]:
     """fp1 digests of a list of tensors; CUDA tensors on one device share one Triton launch."""
     from .torch_impl import fingerprint_torch
 
+    devices = {t.device for t in tensors}
+    if len(devices) == 1 and _triton_ready(next(iter(devices))):
+        # The common case (a model's parameters): one launch for the list as given, no regrouping by index.
+        from .triton_impl import fingerprint_many_triton
+
+        return fingerprint_many_triton(tensors)
     digests: list[str | None] = [None] * len(tensors)
     by_device: dict[Any, list[int]] = {}
     for i, t in enumerate(tensors):

@@ -1,10 +1,16 @@
 """fp1 as one Triton launch for a whole list of CUDA tensors.
 
-Each tensor becomes one or two segments of little-endian 64-bit words: its body, read in place, and a
-zero-padded tail word when its byte length is not a multiple of 8. A table of segment base pointers is
-passed to the kernel; each program hashes one tile of one segment and writes its two partial lane sums.
-Partials are added on the host in uint64: addition mod 2^64 is order-independent, so the digest does not
-depend on the tiling or the schedule.
+Each tensor's bytes are read in place as little-endian 64-bit words (copied first only if the tensor is not
+contiguous or not 16-byte aligned); the kernel zero-pads a last partial word itself. Each program hashes one
+tile of one tensor and adds its two partial lane sums into that tensor's pair of int64 totals with atomic
+adds: integer addition mod 2^64 is exact, associative and commutative, so the totals, hence the digests, do
+not depend on the tiling or the schedule. Only the totals (16 bytes per tensor) come back to the host.
+
+For a model's parameters host work, not the kernel, is the cost. So the launch table is kept for lists of
+tensors whose data pointers, shapes, strides, dtypes and conj/neg bits are unchanged since an earlier call
+(parameters keep their storage from step to step): a repeated call costs one key, one launch and one small
+copy back. A kept table holds raw pointers only, never the tensors, so it keeps no memory alive; it is valid
+for whatever tensors have that key, because the bytes are read at launch.
 
 The mixing constants are literals in the kernel and must equal those in reference.py;
 `check_against_reference` (run once per device before first use), the tests and `bench/fingerprint.py
@@ -13,6 +19,7 @@ The mixing constants are literals in the kernel and must equal those in referenc
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,15 +27,35 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import MASK64, POS_MUL, WORD_BYTES, finalize_many, fingerprint_bytes
+from .reference import FP_VERSION, LEN_KEY, MASK64, MIX0, MIX1, POS_MUL, WORD_BYTES, fingerprint_bytes
 from .torch_impl import byte_view
 
-# 1024 words per block, up to 32 blocks (256 KiB) per program: measured fastest on an H200.
-BLOCK = 1024
-ITERS = 32
-NUM_WARPS = 8
-# Segment bodies start 16-byte aligned (copied otherwise) so the kernel may use 128-bit loads.
+# Tensors are read in place only from 16-byte aligned addresses, so the kernel may use 128-bit loads.
 ALIGN = 16
+# Launch tables kept for this many distinct tensor lists (each is a few int64 per tensor and per tile).
+CACHE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile shape of a launch: `iters` blocks of `block` words per program, `num_warps` warps each.
+
+    With `prefetch` each program loads the next block while it mixes the current one (more bytes in flight).
+    """
+
+    block: int = 1024
+    iters: int = 32
+    num_warps: int = 8
+    prefetch: bool = False
+
+    @property
+    def tile(self) -> int:
+        return self.block * self.iters
+
+
+# 1024 words per block, up to 32 blocks (256 KiB) per program. bench/fingerprint.py times alternatives on
+# an H200 (docs/fingerprint.md): none is more than a few per cent faster.
+CONFIG = KernelConfig()
 
 
 @triton.jit
@@ -52,15 +79,17 @@ def _mix1(z):
 
 
 @triton.jit
-def _fp1_partials_kernel(seg_ptr, seg_nwords, seg_pos, prog_seg, prog_first, out, BLOCK: tl.constexpr,
-                         ITERS: tl.constexpr, STEP0: tl.constexpr, STEP1: tl.constexpr):  # fmt: skip
+def _fp1_kernel(t_addr, t_nbytes, t_prog0, prog_tensor, sums, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+                STEP0: tl.constexpr, STEP1: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
-    seg = tl.load(prog_seg + pid)
-    first = tl.multiple_of(tl.load(prog_first + pid), BLOCK)
-    nwords = tl.load(seg_nwords + seg)
-    base = tl.multiple_of(tl.load(seg_ptr + seg).to(tl.pointer_type(tl.int64)), 16)
+    i = tl.load(prog_tensor + pid)
+    first = tl.multiple_of((pid - tl.load(t_prog0 + i)) * (BLOCK * ITERS), BLOCK)  # int64: no size limit
+    nbytes = tl.load(t_nbytes + i)
+    nwords = nbytes // 8
+    addr = tl.load(t_addr + i)
+    base = tl.multiple_of(addr.to(tl.pointer_type(tl.int64)), 16)
     lanes = tl.arange(0, BLOCK)
-    pos = (tl.load(seg_pos + seg) + first + lanes).to(tl.uint64, bitcast=True)
+    pos = (first + lanes).to(tl.uint64, bitcast=True)
     # Position keys j * G are advanced by BLOCK * G per block instead of multiplied per word.
     key0 = pos * 0x9E3779B97F4A7C15
     key1 = pos * 0xD1B54A32D192ED03
@@ -68,132 +97,198 @@ def _fp1_partials_kernel(seg_ptr, seg_nwords, seg_pos, prog_seg, prog_first, out
     acc1 = tl.zeros([BLOCK], dtype=tl.uint64)
     # Whole blocks need no masks (and allow 128-bit loads); a small tensor loops only as far as it goes.
     nfull = tl.minimum((nwords - first) // BLOCK, ITERS).to(tl.int32)
-    for it in range(0, nfull):
-        word = tl.load(base + (first + it * BLOCK + lanes)).to(tl.uint64, bitcast=True)
-        acc0 += _mix0(word ^ key0)
-        acc1 += _mix1(word ^ key1)
-        key0 += STEP0
-        key1 += STEP1
+    if PREFETCH:
+        # The last whole block stands in for the one after it, so the loads in the loop need no mask.
+        ahead = tl.load(base + (first + lanes), mask=nfull > 0)
+        for it in range(0, nfull):
+            word = ahead.to(tl.uint64, bitcast=True)
+            ahead = tl.load(base + (first + tl.minimum(it + 1, nfull - 1) * BLOCK + lanes))
+            acc0 += _mix0(word ^ key0)
+            acc1 += _mix1(word ^ key1)
+            key0 += STEP0
+            key1 += STEP1
+    else:
+        for it in range(0, nfull):
+            word = tl.load(base + (first + it * BLOCK + lanes)).to(tl.uint64, bitcast=True)
+            acc0 += _mix0(word ^ key0)
+            acc1 += _mix1(word ^ key1)
+            key0 += STEP0
+            key1 += STEP1
     if nfull < ITERS:
+        # The tensor ends in this block: whole words, then the last partial word (if any), zero-padded.
+        rest = nbytes - nwords * 8
+        b = tl.arange(0, 8)
+        tail = tl.load(addr.to(tl.pointer_type(tl.uint8)) + nwords * 8 + b, mask=b < rest, other=0)
+        tail_word = tl.sum(tail.to(tl.uint64) << (b * 8).to(tl.uint64), axis=0)  # disjoint bits: sum == or
         idx = first + nfull * BLOCK + lanes
-        mask = idx < nwords
-        word = tl.load(base + idx, mask=mask, other=0).to(tl.uint64, bitcast=True)
+        word = tl.load(base + idx, mask=idx < nwords, other=0).to(tl.uint64, bitcast=True)
+        word = tl.where(idx == nwords, tail_word, word)
+        mask = idx < (nbytes + 7) // 8
         acc0 += tl.where(mask, _mix0(word ^ key0), 0)
         acc1 += tl.where(mask, _mix1(word ^ key1), 0)
-    tl.store(out + 2 * pid, tl.sum(acc0, axis=0).to(tl.int64, bitcast=True))
-    tl.store(out + 2 * pid + 1, tl.sum(acc1, axis=0).to(tl.int64, bitcast=True))
-
-
-def _segments(tensor: torch.Tensor) -> tuple[list[tuple[torch.Tensor, int]], int]:
-    """([(int64-word buffer, first word position)], byte length) for one tensor; views only if possible."""
-    plain = tensor.layout == torch.strided and tensor.is_contiguous()
-    src = tensor if plain and not tensor.is_conj() and not tensor.is_neg() else byte_view(tensor)
-    nbytes = src.numel() * src.element_size()
-    nfull = nbytes // WORD_BYTES
-    segs: list[tuple[torch.Tensor, int]] = []
-    if nfull:
-        if src.data_ptr() % ALIGN:
-            src = byte_view(src).clone()  # a view starting mid-word: aligned loads need a copy
-        segs.append((src, 0))
-    if nbytes % WORD_BYTES:
-        u8 = byte_view(src)
-        tail = torch.zeros(WORD_BYTES, dtype=torch.uint8, device=u8.device)
-        tail[: nbytes - nfull * WORD_BYTES] = u8[nfull * WORD_BYTES :]
-        segs.append((tail, nfull))
-    return segs, nbytes
+    tl.atomic_add(sums + 2 * i, tl.sum(acc0, axis=0).to(tl.int64, bitcast=True))
+    tl.atomic_add(sums + 2 * i + 1, tl.sum(acc1, axis=0).to(tl.int64, bitcast=True))
 
 
 @dataclass
 class Plan:
-    """Everything one launch needs; `bufs` keeps copies and tail words alive until the kernel is done."""
+    """Everything one launch needs; `copies` keeps copied tensors alive until the kernel is done."""
 
-    bufs: list[torch.Tensor]
-    table: torch.Tensor  # [ptr, nwords, first position] per segment, then [segment, first word] per program
+    config: KernelConfig
     programs: int
-    programs_per_tensor: np.ndarray
-    nbytes: np.ndarray
+    table: torch.Tensor  # int64: address, byte length, first program per tensor; then the tensor of each program
+    args: tuple[torch.Tensor, ...]  # views of `table`, in the kernel's argument order
+    len_mix: np.ndarray  # uint64[n, 2]: M_k(L XOR F_k) per tensor and lane, the length half of finalisation
+    copies: list[torch.Tensor]  # non-empty: this plan holds per-call data and must not be kept
 
 
-def plan(tensors: list[torch.Tensor]) -> Plan:
-    """Split tensors into word segments and tiles and upload the tables (host side of a launch)."""
-    bufs: list[torch.Tensor] = []
-    ptrs, nwords, first_pos, owner, nbytes = [], [], [], [], []
-    for i, t in enumerate(tensors):
-        segs, n = _segments(t)
-        nbytes.append(n)
-        for buf, pos in segs:
-            bufs.append(buf)
-            ptrs.append(buf.data_ptr())
-            nwords.append(buf.numel() * buf.element_size() // WORD_BYTES)
-            first_pos.append(pos)
-            owner.append(i)
-    tile = BLOCK * ITERS
-    nw = np.array(nwords, dtype=np.int64)
-    nprog = (nw + tile - 1) // tile
-    total = int(nprog.sum())
-    prog_seg = np.repeat(np.arange(len(bufs), dtype=np.int64), nprog)
-    prog_first = (np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(nprog) - nprog, nprog)) * tile
-    host = np.concatenate([np.array(ptrs, dtype=np.int64), nw, np.array(first_pos, dtype=np.int64),
-                           prog_seg, prog_first])  # fmt: skip
+# Both lanes at once: column k of a uint64[n, 2] array goes through mixer M_k (same steps, other constants).
+_SHIFTS = [np.array([MIX0[s], MIX1[s]], dtype=np.uint64) for s in (0, 2, 4)]
+_MULS = [np.array([MIX0[m], MIX1[m]], dtype=np.uint64) for m in (1, 3)]
+_LEN_KEYS = np.array(LEN_KEY, dtype=np.uint64)
+
+
+def _mix_lanes(z: np.ndarray) -> np.ndarray:
+    z ^= z >> _SHIFTS[0]
+    z *= _MULS[0]
+    z ^= z >> _SHIFTS[1]
+    z *= _MULS[1]
+    z ^= z >> _SHIFTS[2]
+    return z
+
+
+def _readable_in_place(t: torch.Tensor) -> bool:
+    return (
+        t.layout == torch.strided
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+        and t.data_ptr() % ALIGN == 0
+    )
+
+
+def plan(tensors: list[torch.Tensor], config: KernelConfig = CONFIG) -> Plan:
+    """Lay tensors out as tiles and upload the launch table (the host side of a launch)."""
+    addrs, nbytes, copies = [], [], []
+    for t in tensors:
+        if not _readable_in_place(t):
+            t = byte_view(t)  # row-major bytes, materialised conj/neg
+            if t.data_ptr() % ALIGN:
+                t = t.clone()  # a view starting mid-word: aligned loads need a copy
+            copies.append(t)
+        addrs.append(t.data_ptr())
+        nbytes.append(t.numel() * t.element_size())
+    n = len(tensors)
+    nb = np.array(nbytes, dtype=np.int64)
+    words = (nb + WORD_BYTES - 1) // WORD_BYTES  # the last one zero-padded
+    nprog = (words + config.tile - 1) // config.tile  # 0 for an empty tensor
+    programs = int(nprog.sum())
+    host = np.concatenate([np.array(addrs, dtype=np.int64), nb, np.cumsum(nprog) - nprog,
+                           np.repeat(np.arange(n, dtype=np.int64), nprog)])  # fmt: skip
+    src = torch.from_numpy(host)
+    device = tensors[0].device
+    if device.type == "cuda":
+        src = src.pin_memory()  # so the upload does not wait for the host; the allocator keeps it until done
+    table = src.to(device, non_blocking=True)
     return Plan(
-        bufs=bufs,
-        table=torch.from_numpy(host).to(tensors[0].device),
-        programs=total,
-        programs_per_tensor=np.bincount(np.repeat(np.array(owner, dtype=np.int64), nprog), minlength=len(tensors)),
-        nbytes=np.array(nbytes, dtype=np.uint64),
+        config=config,
+        programs=programs,
+        table=table,
+        args=(table[:n], table[n : 2 * n], table[2 * n : 3 * n], table[3 * n :]),
+        len_mix=_mix_lanes(nb.astype(np.uint64)[:, None] ^ _LEN_KEYS),
+        copies=copies,
     )
 
 
 def launch(p: Plan) -> torch.Tensor:
-    """Run the kernel; returns the int64[programs, 2] partial lane sums (still on the GPU)."""
-    out = torch.empty((p.programs, 2), dtype=torch.int64, device=p.table.device)
+    """Run the kernel; returns the int64[tensors, 2] lane sums (still on the GPU)."""
+    sums = torch.zeros((len(p.len_mix), 2), dtype=torch.int64, device=p.table.device)
     if p.programs:
-        nseg, t = len(p.bufs), p.table
-        _fp1_partials_kernel[(p.programs,)](
-            t[:nseg], t[nseg : 2 * nseg], t[2 * nseg : 3 * nseg], t[3 * nseg : 3 * nseg + p.programs],
-            t[3 * nseg + p.programs :], out, BLOCK=BLOCK, ITERS=ITERS, STEP0=(BLOCK * POS_MUL[0]) & MASK64,
-            STEP1=(BLOCK * POS_MUL[1]) & MASK64, num_warps=NUM_WARPS,
+        c = p.config
+        _fp1_kernel[(p.programs,)](
+            *p.args, sums, BLOCK=c.block, ITERS=c.iters, STEP0=(c.block * POS_MUL[0]) & MASK64,
+            STEP1=(c.block * POS_MUL[1]) & MASK64, PREFETCH=c.prefetch, num_warps=c.num_warps,
         )  # fmt: skip
-    return out
+    return sums
 
 
-def digests(p: Plan, partials: torch.Tensor) -> list[str]:
-    """Add each tensor's partials (programs of a tensor are adjacent) and finalize."""
-    parts = partials.cpu().numpy().view(np.uint64)
-    # Differences of a prefix sum mod 2^64 give every tensor's sum in one pass, empty tensors included.
-    prefix = np.zeros((p.programs + 1, 2), dtype=np.uint64)
-    np.cumsum(parts, axis=0, dtype=np.uint64, out=prefix[1:])
-    ends = np.cumsum(p.programs_per_tensor)
-    sums = prefix[ends] - prefix[ends - p.programs_per_tensor]
-    return finalize_many(sums[:, 0], sums[:, 1], p.nbytes)
+def digests(p: Plan, sums: torch.Tensor) -> list[str]:
+    """Copy the lane sums to the host and finalise them into digest strings."""
+    host = sums.to("cpu", non_blocking=True)  # into pinned memory: one small copy, then wait for it
+    if sums.is_cuda:
+        torch.cuda.current_stream(sums.device).synchronize()
+    h = _mix_lanes(host.numpy().view(np.uint64) ^ p.len_mix)
+    # One big-endian hex dump then slicing: h_0 then h_1, 32 hex digits per tensor.
+    hexed = h.astype(">u8").tobytes().hex()
+    return [f"{FP_VERSION}:{hexed[i : i + 32]}" for i in range(0, len(hexed), 32)]
 
 
-def fingerprint_many_triton(tensors: list[torch.Tensor]) -> list[str]:
+# (device, config, per-tensor key...) -> Plan without copies; insertion-ordered, the oldest goes first.
+_plans: dict[tuple, Plan] = {}
+_plans_lock = threading.Lock()
+
+
+def _cache_key(tensors: list[torch.Tensor], config: KernelConfig) -> tuple | None:
+    """What a launch table depends on; None if a tensor has no data pointer (plan() then says why)."""
+    try:
+        parts = tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_conj(), t.is_neg()) for t in tensors)
+    except RuntimeError:  # e.g. a sparse tensor
+        return None
+    return (tensors[0].device, config, parts)
+
+
+def clear_plan_cache() -> None:
+    """Forget all kept launch tables (for benchmarks of the uncached path; never needed for correctness)."""
+    with _plans_lock:
+        _plans.clear()
+
+
+def fingerprint_many_triton(tensors: list[torch.Tensor], config: KernelConfig = CONFIG) -> list[str]:
     """fp1 digests of CUDA tensors that all live on one device, with a single kernel launch."""
     if not tensors:
         return []
-    with torch.no_grad(), torch.cuda.device(tensors[0].device):
-        p = plan(tensors)
+    key = _cache_key(tensors, config)
+    p = _plans.get(key) if key is not None else None
+    with torch.cuda.device(tensors[0].device):
+        if p is None:
+            with torch.no_grad():
+                p = plan(tensors, config)
+            if key is not None and not p.copies:
+                with _plans_lock:
+                    _plans[key] = p
+                    while len(_plans) > CACHE_SIZE:
+                        del _plans[next(iter(_plans))]
         return digests(p, launch(p))
 
 
-def check_against_reference(device: torch.device) -> str | None:
-    """Run the kernel on a few awkward tensors; None if it matches the reference, else what differed."""
+def _check_cases(device: torch.device, tile: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
-    cases = [
-        torch.empty(0),
-        torch.tensor(2.5, dtype=torch.float64),
-        torch.randint(0, 256, (3,), dtype=torch.uint8, generator=gen),
-        torch.randn(5, 3, generator=gen).to(torch.bfloat16).t(),
-        torch.randn(7 * BLOCK * ITERS + 17, generator=gen)[1:],
-        torch.randn(2 * BLOCK * ITERS, generator=gen),
+    big = torch.randn(7 * tile + 17, generator=gen).to(device)
+    raw = torch.randint(0, 256, (8 * tile + 3,), dtype=torch.uint8, generator=gen).to(device)
+    return [
+        torch.empty(0, device=device),
+        torch.tensor(2.5, dtype=torch.float64, device=device),
+        raw[:3],  # one partial word
+        torch.randn(5, 3, generator=gen).to(device, torch.bfloat16).t(),  # not contiguous: copied
+        big,  # several tiles, partial last block
+        big[1:],  # starts mid-way through a 16-byte line: copied
+        raw,  # whole tiles, then a program for the partial last word alone
+        raw[8:].view(torch.int8),  # 8-byte aligned only: copied
+        torch.randn(2 * tile, generator=gen).to(device),  # whole tiles exactly
     ]
+
+
+def check_against_reference(device: torch.device, config: KernelConfig = CONFIG) -> str | None:
+    """Run the kernel on a few awkward tensors; None if it matches the reference, else what differed."""
     try:
-        got = fingerprint_many_triton([c.to(device) for c in cases])
+        cases = _check_cases(device, config.tile)
+        together = fingerprint_many_triton(cases, config)
+        again = fingerprint_many_triton(cases, config)  # the kept plan, for the in-place ones
+        alone = [fingerprint_many_triton([c], config)[0] for c in cases]
     except Exception as exc:  # a broken Triton install must not break training runs: fall back, loudly
         return f"Triton kernel failed: {type(exc).__name__}: {exc}"
-    for case, digest in zip(cases, got, strict=True):
-        want = fingerprint_bytes(byte_view(case).numpy().tobytes())
-        if digest != want:
-            return f"Triton digest {digest} != reference {want} for {case.dtype} {tuple(case.shape)}"
+    for case, *got in zip(cases, together, again, alone, strict=True):
+        want = fingerprint_bytes(byte_view(case).cpu().numpy().tobytes())
+        if any(digest != want for digest in got):
+            return f"Triton digests {got} != reference {want} for {case.dtype} {tuple(case.shape)}"
     return None

@@ -1,0 +1,68 @@
+"""Fingerprints of the tensors in a checkpoint (.safetensors or torch.save), and the diff of two.
+
+Tensors are read one at a time (safetensors' lazy reader; torch.load with mmap for zip checkpoints),
+and pickled checkpoints load with weights_only=True: a checkpoint is data, never code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker import fingerprint as fp
+
+
+class CheckpointError(ValueError):
+    """The file cannot be read as a checkpoint; the message says why."""
+
+
+def _flatten(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(obj, torch.Tensor):
+        yield prefix or "tensor", obj
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from _flatten(value, f"{prefix}.{i}" if prefix else str(i))
+
+
+def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor in the checkpoint; nested state dicts get dotted names."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+        return
+    try:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format
+    except Exception as exc:  # noqa: BLE001 - unpickling errors come in many types
+        raise CheckpointError(f"{path}: not a readable torch.save checkpoint ({type(exc).__name__}: {exc})") from exc
+    yield from _flatten(obj)
+
+
+def fingerprints(path: Path) -> dict[str, dict[str, Any]]:
+    """name -> {digest, shape, dtype} for every tensor in the checkpoint."""
+    return {name: {"digest": fp.fingerprint(t), "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for name, t in iter_tensors(path)}
+
+
+def diff(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Tensors whose digest, shape or dtype differ, and tensors present in one checkpoint only."""
+    return {"differ": sorted(n for n in a.keys() & b.keys() if a[n] != b[n]),
+            "only_a": sorted(a.keys() - b.keys()), "only_b": sorted(b.keys() - a.keys())}
