@@ -135,12 +135,12 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
 
 
 def reproducibility(repeats: list[RunData]) -> dict[str, Any]:
-    """Share of repeats 2..R identical to repeat 1 (None with a single repeat)."""
-    if not repeats:
-        return {"repeats": 0, "identical_to_first": 0, "rate": None}
-    verdicts = [compare_runs(repeats[0], other)["verdict"] for other in repeats[1:]]
+    """Share of repeats 2..R identical to repeat 1, over the repeats that recorded steps (a run that
+    died before its first step says nothing about reproducibility); None with fewer than two."""
+    recorded = [r for r in repeats if r.records]
+    verdicts = [compare_runs(recorded[0], other)["verdict"] for other in recorded[1:]]
     same = sum(v == "identical" for v in verdicts)
-    return {"repeats": len(repeats), "identical_to_first": same,
+    return {"repeats": len(repeats), "recorded": len(recorded), "identical_to_first": same,
             "rate": same / len(verdicts) if verdicts else None}
 
 

@@ -19,6 +19,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # path, and NCCL opens some values as files, e.g. NCCL_PROXY_PROFILE) in any value.
 SAFE_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:=+^-]{0,256}$")
 
+LIST_VARS = {"NCCL_ALGO", "NCCL_PROTO"}
 NCCL_ALGOS = {"ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"}
 NCCL_PROTOS = {"ll", "ll128", "simple"}
 
@@ -32,9 +33,21 @@ def _int_range(lo: int, hi: int) -> Callable[[str], str | None]:
     return check
 
 
+NCCL_FUNCS = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce", "sendrecv", "send", "recv"}
+
+
 def _choice_list(choices: set[str]) -> Callable[[str], str | None]:
+    """NCCL's list syntax: `a,b`, `^a` (all but), and since 2.24 per function `a;allreduce:b;broadcast:^c`."""
+
     def check(value: str) -> str | None:
-        items = value.removeprefix("^").split(",")
+        items: list[str] = []
+        for i, segment in enumerate(value.split(";")):
+            func, sep, spec = segment.rpartition(":")
+            if sep and func.lower() not in NCCL_FUNCS:
+                return f"unknown function {func!r} before ':'; expected one of {sorted(NCCL_FUNCS)}"
+            if not sep and i:
+                return "every segment after the first needs a function prefix, as in 'allreduce:tree'"
+            items += spec.removeprefix("^").split(",")
         bad = [i for i in items if i.lower() not in choices]
         if bad:
             return f"unknown value(s) {bad}; expected a comma list of {sorted(choices)}, optionally after '^'"
@@ -101,7 +114,8 @@ def env_error(name: str, value: str) -> str | None:
             return f"{name} is not an allowed variable (allowed: {sorted(ENV_VALIDATORS)} and other NCCL_*/RCCL_*)"
         if ENV_DENY_RE.search(name):
             return f"{name} names a file or plugin and is not allowed"
-    if not SAFE_VALUE_RE.fullmatch(value):
+    # ';' only where NCCL's per-function grammar is parsed in full below (values never reach a shell).
+    if not SAFE_VALUE_RE.fullmatch(value.replace(";", "") if name in LIST_VARS else value):
         return f"{name}: value {value!r} has characters outside [A-Za-z0-9_.,:=+^-] or is over 256 long"
     problem = validator(value) if validator else None
     return f"{name}: {problem}" if problem else None
@@ -157,7 +171,9 @@ class ConfigBody(BaseModel):
 
 _DET_TORCH = {"deterministic_algorithms": True, "cudnn_deterministic": True, "cudnn_benchmark": False,
               "allow_tf32": False}
-_TREE_1CH = {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "1",
+# Tree for all_reduce only: NCCL 2.28 has no Tree algorithm for AllGather, and a global NCCL_ALGO=Tree
+# fails DDP's start-up (measured on 2x H200). The per-function syntax needs NCCL >= 2.24.
+_TREE_1CH = {"NCCL_ALGO": "allreduce:tree", "NCCL_PROTO": "Simple", "NCCL_MIN_NCHANNELS": "1",
              "NCCL_MAX_NCHANNELS": "1", "NCCL_MIN_CTAS": "1", "NCCL_MAX_CTAS": "1"}
 
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -166,11 +182,13 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "torch-deterministic": ("torch.use_deterministic_algorithms, cuDNN deterministic, TF32 off, "
                             "CUBLAS_WORKSPACE_CONFIG=:4096:8.",
                             {"torch": _DET_TORCH, "env": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}}),
-    "nccl-tree-simple-1ch": ("NCCL Tree algorithm, Simple protocol, one channel (NCHANNELS and CTAS).",
+    "nccl-tree-simple-1ch": ("NCCL Tree for all_reduce (NCCL >= 2.24 syntax), Simple protocol, one channel "
+                             "(NCHANNELS and CTAS).",
                              {"env": _TREE_1CH}),
     "nccl-ring-simple": ("NCCL Ring algorithm with the Simple protocol.",
                          {"env": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}}),
-    "full-deterministic": ("The full recipe: PyTorch deterministic mode plus NCCL Tree + Simple + 1 channel.",
+    "full-deterministic": ("The full recipe: PyTorch deterministic mode plus NCCL Tree (all_reduce) + Simple + "
+                           "1 channel.",
                            {"torch": _DET_TORCH, "env": {**_TREE_1CH, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}}),
 }
 

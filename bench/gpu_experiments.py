@@ -75,6 +75,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--deadline", type=float, default=560.0, help="seconds from start")
     parser.add_argument("--only", nargs="*", default=["collective-w1", "train", "sweep"])
+    parser.add_argument("--knobs", type=json.loads, default=SWEEP_KNOBS, help="sweep knobs as JSON")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh-process repeats of each sweep cell")
+    parser.add_argument("--max-bytes", type=int, default=1 << 30)
+    parser.add_argument("--step-factor", type=int, default=4)
     args = parser.parse_args()
     stop_at = time.monotonic() + args.deadline
     args.out.mkdir(parents=True, exist_ok=True)
@@ -87,7 +91,7 @@ def main() -> int:
     try:
         wait_healthy(up)
         print(f"{n} GPU(s)", flush=True)
-        sizes = {"min_bytes": 4096, "max_bytes": 1 << 30, "step_factor": 4}
+        sizes = {"min_bytes": 4096, "max_bytes": args.max_bytes, "step_factor": args.step_factor}
         if "collective-w1" in args.only:
             run_job("collective-w1", {"kind": "collective", "world_size": 1, "configs": [
                 {"preset": "default"}, {"preset": "nccl-tree-simple-1ch"}], "collective": {
@@ -97,8 +101,9 @@ def main() -> int:
             run_job("train", {"kind": "train", "workload": "tiny-lm", "world_size": n, "steps": 200, "repeats": 3,
                               "configs": [{"preset": "default"}, {"preset": "full-deterministic"}]}, args.out, stop_at)
         if n >= 2 and "sweep" in args.only:
-            run_job("sweep", {"kind": "sweep", "world_size": n, "repeats": 3, "configs": [{"preset": "default"}],
-                              "sweep": {"over": "collective", "knobs": SWEEP_KNOBS}, "collective": {
+            run_job("sweep", {"kind": "sweep", "world_size": n, "repeats": args.repeats,
+                              "configs": [{"preset": "default"}],
+                              "sweep": {"over": "collective", "knobs": args.knobs}, "collective": {
                                   "ops": ["all_reduce_sum"], "dtypes": ["bfloat16", "float32"], "trials": 3,
                                   "warmup": 1, **sizes}}, args.out, stop_at)
     finally:

@@ -187,7 +187,7 @@ def test_a_log_showing_ring_under_a_tree_request_is_flagged(client: TestClient, 
 
     run = make_run(session, settings, configs=[{"preset": "nccl-tree-simple-1ch"}])
     spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
-    log = (Path(__file__).parent / "fixtures/commlogs/nccl-bynumber-ring-simple-issue1595.log").read_bytes()
+    log = (Path(__file__).parent / "fixtures/commlogs/nccl-2.27.5-tuning-by-name-interleaved-sglang.log").read_bytes()
     upload = {"attempt": spec["attempt"], "rank": 0, "zlib_b64": base64.b64encode(zlib.compress(log)).decode(),
               "raw_bytes": len(log)}
     resp = client.post(f"/api/v1/ingest/runs/{run.id}/commlog", json=upload, headers=AUTH)

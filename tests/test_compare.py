@@ -347,11 +347,11 @@ def test_loss_curve_covers_common_steps_only() -> None:
 
 
 def test_reproducibility_of_no_repeats_has_no_rate() -> None:
-    assert reproducibility([]) == {"repeats": 0, "identical_to_first": 0, "rate": None}
+    assert reproducibility([]) == {"repeats": 0, "recorded": 0, "identical_to_first": 0, "rate": None}
 
 
 def test_reproducibility_of_one_repeat_has_no_rate() -> None:
-    assert reproducibility([make_run(1)]) == {"repeats": 1, "identical_to_first": 0, "rate": None}
+    assert reproducibility([make_run(1)]) == {"repeats": 1, "recorded": 1, "identical_to_first": 0, "rate": None}
 
 
 def test_reproducibility_all_identical_is_one() -> None:
@@ -380,7 +380,8 @@ def test_reproducibility_none_identical_is_zero() -> None:
 
 
 def test_reproducibility_counts_incomparable_repeat_as_not_identical() -> None:
-    assert reproducibility([make_run(1), make_run(2, steps=[])])["rate"] == 0.0
+    other_tensors = make_run(2, tensors=[("other.weight", [4], "float32")])
+    assert reproducibility([make_run(1), other_tensors])["rate"] == 0.0
 
 
 def test_reproducibility_compares_each_repeat_to_the_first() -> None:
@@ -478,3 +479,17 @@ def test_cost_of_baseline_itself_is_zero() -> None:
 @pytest.mark.parametrize(("thr", "baseline"), [(None, 1000.0), (800.0, None), (800.0, 0.0)])
 def test_cost_without_both_throughputs_is_none(thr: float | None, baseline: float | None) -> None:
     assert cost(thr, baseline) is None
+
+
+def test_reproducibility_ignores_repeats_that_recorded_nothing() -> None:
+    dead = make_run(9)
+    dead.records.clear()
+    result = reproducibility([make_run(1), dead, make_run(2)])
+    assert result == {"repeats": 3, "recorded": 2, "identical_to_first": 1, "rate": 1.0}
+
+
+def test_reproducibility_is_unknown_when_every_repeat_died() -> None:
+    dead = [make_run(i) for i in range(3)]
+    for run in dead:
+        run.records.clear()
+    assert reproducibility(dead)["rate"] is None

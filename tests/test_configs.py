@@ -284,7 +284,25 @@ def test_preset_tree_sets_one_channel_and_one_cta() -> None:
 def test_preset_tree_selects_tree_algorithm_and_simple_protocol() -> None:
     env = preset("nccl-tree-simple-1ch").env
 
-    assert (env["NCCL_ALGO"], env["NCCL_PROTO"]) == ("Tree", "Simple")
+    # all_reduce only: a global Tree has no AllGather algorithm in NCCL 2.28 and breaks DDP start-up
+    assert (env["NCCL_ALGO"], env["NCCL_PROTO"]) == ("allreduce:tree", "Simple")
+
+
+@pytest.mark.parametrize("value", ["allreduce:tree", "ring,tree;allreduce:^tree", "allreduce:tree;broadcast:ring"])
+def test_env_error_accepts_nccl_per_function_lists(value: str) -> None:
+    assert env_error("NCCL_ALGO", value) is None
+
+
+@pytest.mark.parametrize("value, fragment", [("bogus:tree", "unknown function"),
+                                             ("allreduce:tree;ring", "needs a function prefix"),
+                                             ("allreduce:tree;broadcast:bogus", "unknown value"),
+                                             ("allreduce:tree; rm -rf /", "has characters outside")])
+def test_env_error_rejects_bad_per_function_lists(value: str, fragment: str) -> None:
+    assert fragment in (env_error("NCCL_ALGO", value) or "")
+
+
+def test_semicolons_are_refused_outside_the_per_function_lists() -> None:
+    assert "has characters outside" in (env_error("NCCL_DEBUG_SUBSYS", "INIT;ENV") or "")
 
 
 def test_preset_ring_selects_ring_algorithm_and_simple_protocol() -> None:

@@ -278,7 +278,7 @@
         "tr",
         {},
         el("td", { text: `${sideLetter(r.config_index)}: ${r.name}` }),
-        el("td", { className: "num", text: r.repeats }),
+        el("td", { className: "num", text: r.recorded === r.repeats ? r.repeats : `${r.recorded} of ${r.repeats}` }),
         el("td", { className: "num", text: r.identical_to_first }),
         el("td", { className: `num ${r.rate < 1 ? "cost" : ""}`, text: typeof r.rate === "number" ? pct(r.rate, 0) : "—" })
       )
