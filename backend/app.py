@@ -58,6 +58,10 @@ def create_app(*, reconciler: bool = True) -> FastAPI:
     def index_page() -> Response:
         return FileResponse(FRONTEND / "index.html")
 
+    @app.get("/findings", include_in_schema=False)
+    def findings_page() -> Response:
+        return FileResponse(FRONTEND / "findings.html")
+
     @app.get("/jobs/{job_id}", include_in_schema=False)
     def job_page(job_id: int) -> Response:
         return FileResponse(FRONTEND / "job.html")

@@ -179,6 +179,27 @@ def diff(
     raise typer.Exit(1 if any(result.values()) else 0)
 
 
+@app.command("import-results")
+def import_results(
+    files: Annotated[list[Path], typer.Argument(help="result files: {job, result} as in results/*/")],
+) -> None:
+    """Add collective/sweep results measured elsewhere to this database's findings (the history)."""
+    from backend.db import get_sessionmaker
+    from backend.findings import rows_from_result, store
+
+    _migrate()
+    with get_sessionmaker()() as session:
+        for path in files:
+            try:
+                data = json.loads(path.read_text())
+                rows = rows_from_result(str(path), data["job"], data["result"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                typer.echo(f"error: {path}: not a detlab result file ({type(exc).__name__}: {exc})", err=True)
+                raise typer.Exit(2) from exc
+            typer.echo(f"{path}: {store(session=session, rows=rows)} cells")
+        session.commit()
+
+
 @app.command("parse-log")
 def parse_log(
     files: Annotated[list[Path], typer.Argument(help="NCCL/RCCL debug log files (NCCL_DEBUG=INFO)")],

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend import compare, configs
+from backend import compare, configs, findings
 from backend.jobs import job_configs, roll_up
 from backend.models import FINISHED, SUCCEEDED, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
 from worker import commlog
@@ -80,6 +80,8 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
 def settle(*, session: Session, job: Job) -> None:
     """Roll the job's status up from its runs; once finished, keep its verdict for listings."""
     roll_up(session=session, job=job)
-    if job.status in FINISHED:
+    if job.status in FINISHED and job.workload == "collective":
+        findings.record_job(session=session, job=job)
+    elif job.status in FINISHED:
         result = build(session=session, job=job)
         job.params = {**job.params, "verdict": result["verdict"] if result else None}

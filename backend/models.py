@@ -193,3 +193,26 @@ class CommLog(Base):
     raw_bytes: Mapped[int] = mapped_column(BigInteger)  # size before truncation
     truncated: Mapped[bool] = mapped_column(default=False)
     parsed: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Finding(Base):
+    """One measured cell of the team's history: config × (op, dtype, size) on a hardware and library
+    stack, reproducible or not, at what bandwidth. From finished jobs or imported result files."""
+
+    __tablename__ = "findings"
+    __table_args__ = (UniqueConstraint("source", "config", "op", "dtype", "bytes"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    source: Mapped[str] = mapped_column(String(255), index=True)
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+    hardware: Mapped[str] = mapped_column(String(128))
+    library: Mapped[str] = mapped_column(String(64))
+    world_size: Mapped[int]
+    config: Mapped[str] = mapped_column(String(64))
+    config_env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    op: Mapped[str] = mapped_column(String(32))
+    dtype: Mapped[str] = mapped_column(String(16))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    runs: Mapped[int]
+    reproducible: Mapped[bool]
+    busbw_gbps: Mapped[float | None] = mapped_column(Float)

@@ -59,3 +59,28 @@ def test_a_bad_config_on_the_page_shows_the_error_and_keeps_the_input(embedded: 
         assert page.input_value("#config-a") == bad
         assert page.url.rstrip("/") == embedded.url
         browser.close()
+
+
+def test_findings_page_shows_imported_results_with_bandwidth_beside_the_verdict(embedded: Stack) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    result = ROOT / "results" / "2026-11-29-h200-nccl" / "sweep-4xH200.json"
+    subprocess.run([sys.executable, "-m", "backend.cli", "import-results", str(result)], env=embedded.env, cwd=ROOT,
+                   check=True, capture_output=True, timeout=120)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.goto(f"{embedded.url}/findings")
+        rows = page.locator("#findings tbody tr")
+        expect(rows).to_have_count(8)
+        page.fill("#filter", "Tree.proto-Simple float32")  # matches no single field
+        expect(page.locator("#count")).to_have_text("0 of 8 rows")
+        page.fill("#filter", "algo-Tree.proto-Simple")
+        expect(rows).to_have_count(2)
+        expect(rows.first).to_contain_text("4 x NVIDIA H200")
+        expect(rows.first).to_contain_text("reproducible")
+        expect(rows.first).to_contain_text("NCCL 2.28.9")
+        browser.close()

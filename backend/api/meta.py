@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from backend import configs
+from backend import configs, findings
 from backend.api.deps import SessionDep, SettingsDep
 from backend.ingest import live_workers
 from worker.workloads import describe
@@ -45,3 +45,10 @@ def workloads() -> list[dict[str, Any]]:
 def presets() -> list[dict[str, Any]]:
     return [{"name": name, "description": desc, "config": configs.preset(name).model_dump()}
             for name, (desc, _) in configs.PRESETS.items()]
+
+
+@router.get("/findings")
+def read_findings(session: SessionDep) -> dict[str, Any]:
+    """The team's history: per hardware, library, config, op and dtype, the sizes that were
+    reproducible and the bus bandwidth at the largest size."""
+    return {"groups": findings.summary(session=session)}
