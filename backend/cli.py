@@ -192,7 +192,8 @@ def import_results(
         for path in files:
             try:
                 data = json.loads(path.read_text())
-                rows = rows_from_result(str(path), data["job"], data["result"])
+                # The source names the data set, not this machine's paths.
+                rows = rows_from_result(f"{path.resolve().parent.name}/{path.name}", data["job"], data["result"])
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 typer.echo(f"error: {path}: not a detlab result file ({type(exc).__name__}: {exc})", err=True)
                 raise typer.Exit(2) from exc
