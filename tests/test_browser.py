@@ -84,3 +84,21 @@ def test_findings_page_shows_imported_results_with_bandwidth_beside_the_verdict(
         expect(rows.first).to_contain_text("reproducible")
         expect(rows.first).to_contain_text("NCCL 2.28.9")
         browser.close()
+
+
+def test_collective_job_page_shows_cells_charts_and_the_gloo_note(embedded: Stack) -> None:
+    job = embedded.submit({"kind": "collective", "world_size": 2, "configs": [{"preset": "default"}],
+                           "collective": {"min_bytes": 4096, "max_bytes": 16384, "trials": 2, "warmup": 0}})
+    embedded.wait_job(job["id"])
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{embedded.url}/jobs/{job['id']}")
+        expect(page.locator("#collective-verdict")).to_contain_text("2/2", timeout=30_000)
+        expect(page.locator("#cells tbody tr")).to_have_count(2)
+        expect(page.locator("#logs-note")).to_contain_text("gloo")
+        page.wait_for_function("() => (document.getElementById('heatmap').data || []).length > 0")
+        assert errors == []
+        browser.close()

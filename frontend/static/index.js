@@ -29,27 +29,7 @@
   const presets = new Map(); // name -> preset {name, description, config}
   const workloads = new Map(); // name -> workload {name, description, default_steps, global_batch}
 
-  const $ = (id) => document.getElementById(id);
-
-  function el(tag, props, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(props || {})) {
-      if (key === "className") node.className = value;
-      else if (key === "text") node.textContent = value;
-      else node.setAttribute(key, value);
-    }
-    for (const child of children) {
-      if (child === null || child === undefined) continue;
-      node.append(child instanceof Node ? child : String(child));
-    }
-    return node;
-  }
-
-  async function getJSON(url) {
-    const response = await fetch(url, { headers: { Accept: "application/json" } });
-    if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
-    return response.json();
-  }
+  const { $, el, getJSON } = window.detlab;
 
   // FastAPI sends detail as a string, or as a list of {loc, msg}; "body" in loc is noise to a user.
   function formatDetail(detail) {

@@ -19,49 +19,13 @@
   const FIGURES = ["heatmap", "bandwidth", "frontier", "equality"];
   const PLOTLY_CONFIG = { responsive: true, displaylogo: false };
 
-  const $ = (id) => document.getElementById(id);
+  const { $, el, getJSON, setRows } = window.detlab;
   let runsFolded = false; // fold a long runs list once, then leave it to the user
-
-  class HttpError extends Error {
-    constructor(url, status) {
-      super(`${url}: HTTP ${status}`);
-      this.status = status;
-    }
-  }
-
-  function el(tag, props, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(props || {})) {
-      if (key === "className") node.className = value;
-      else if (key === "text") node.textContent = value;
-      else node.setAttribute(key, value);
-    }
-    for (const child of children) {
-      if (child === null || child === undefined) continue;
-      node.append(child instanceof Node ? child : String(child));
-    }
-    return node;
-  }
-
-  async function getJSON(url) {
-    const response = await fetch(url, { headers: { Accept: "application/json" } });
-    if (!response.ok) throw new HttpError(url, response.status);
-    return response.json();
-  }
 
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
   function badge(value) {
     return el("span", { className: `badge badge-${value}`, text: value });
-  }
-
-  function setRows(table, rows, emptyText, columns) {
-    const tbody = table.tBodies[0];
-    if (rows.length === 0) {
-      tbody.replaceChildren(el("tr", { className: "empty" }, el("td", { colspan: String(columns), text: emptyText })));
-    } else {
-      tbody.replaceChildren(...rows);
-    }
   }
 
   function showLoadError(message) {
