@@ -7,12 +7,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import plotly
-from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 import frontend
 from backend.api import ingest, jobs, meta
+from backend.limits import BodyLimit
 from backend.settings import get_settings
 
 FRONTEND = Path(frontend.__file__).parent
@@ -36,12 +37,7 @@ def create_app(*, reconciler: bool = True) -> FastAPI:
 
     app = FastAPI(title="detlab", version="0.1.0", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def cap_body(request: Request, call_next):  # type: ignore[no-untyped-def]
-        length = request.headers.get("content-length")
-        if length and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return JSONResponse({"detail": f"request body over {settings.max_body_bytes} bytes"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
     app.include_router(meta.router)
     app.include_router(jobs.router)

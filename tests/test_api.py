@@ -206,3 +206,13 @@ def test_a_log_upload_that_is_not_zlib_is_a_422(client: TestClient, session: Ses
     upload = {"attempt": spec["attempt"], "rank": 0, "zlib_b64": "bm90IHpsaWI=", "raw_bytes": 8}
     resp = client.post(f"/api/v1/ingest/runs/{run.id}/commlog", json=upload, headers=AUTH)
     assert resp.status_code == 422 and "bad log upload" in resp.json()["detail"]
+
+
+def test_an_oversized_chunked_body_without_content_length_is_refused(client: TestClient,
+                                                                     settings: Settings) -> None:
+    def chunks():  # a generator body is sent chunked, with no Content-Length header
+        for _ in range(settings.max_body_bytes // 65536 + 2):
+            yield b" " * 65536
+
+    resp = client.post("/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
+    assert resp.status_code == 413

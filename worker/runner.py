@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from backend.configs import env_error
 from worker.client import IngestClient, Stale
 
 BATCH = 200
@@ -53,6 +54,11 @@ def _die_with_parent() -> None:
 
 
 def rank_env(spec: dict[str, Any], rank: int, port: int, log_dir: Path) -> dict[str, str]:
+    # The API validated these at submission; checked again here so a worker never launches a rank
+    # with a variable outside the allow-list, whoever sent the spec.
+    refused = [problem for name, value in spec["env"].items() if (problem := env_error(name, value))]
+    if refused:
+        raise ValueError("refusing the run's environment: " + "; ".join(refused))
     env = {**os.environ, **NCCL_DEBUG_DEFAULTS}
     env.update(spec["env"])  # the config's allow-listed knobs, to the children only
     env.update({"NCCL_DEBUG_FILE": str(log_dir / f"nccl-rank{rank}.log"),
@@ -117,6 +123,9 @@ def execute(run_id: int, *, client: IngestClient, worker: str, device: str = "au
         return status
     except Stale:
         return "skipped"  # replaced by a newer attempt while we ran
+    except Exception as exc:  # a refused spec or a worker bug fails the run rather than stranding it
+        client.finish(run_id, attempt, "failed", f"worker error: {type(exc).__name__}: {exc}")
+        return "failed"
     finally:
         CURRENT.run_id = CURRENT.attempt = None
 
@@ -131,10 +140,10 @@ def _launch_and_stream(spec: dict[str, Any], client: IngestClient, device: str,
         port = free_port()
         procs = []
         for rank in range(world):
-            err = (folder / f"rank{rank}.stderr").open("wb")
-            procs.append(subprocess.Popen([sys.executable, "-m", RANK_PROGRAMS[spec["kind"]], str(spec_path)],
-                                          env=rank_env(spec, rank, port, folder), stdout=err, stderr=subprocess.STDOUT,
-                                          preexec_fn=_die_with_parent))
+            with (folder / f"rank{rank}.stderr").open("wb") as err:  # the child keeps its own copy
+                procs.append(subprocess.Popen([sys.executable, "-m", RANK_PROGRAMS[spec["kind"]], str(spec_path)],
+                                              env=rank_env(spec, rank, port, folder), stdout=err,
+                                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
         reader = SpoolReader(folder)
         last_progress = time.monotonic()
         failure: str | None = None

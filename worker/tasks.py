@@ -29,7 +29,9 @@ def ingest_client() -> IngestClient:
 
 @app.task(name=EXECUTE_RUN, bind=True, acks_late=True)
 def execute_run(self, run_id: int) -> str:  # type: ignore[no-untyped-def]
-    return runner.execute(run_id, client=ingest_client(), worker=worker_name(), device=get_settings().device)
+    settings = get_settings()
+    return runner.execute(run_id, client=ingest_client(), worker=worker_name(), device=settings.device,
+                          hang_timeout_s=settings.hang_timeout_s)
 
 
 def _beat() -> None:
