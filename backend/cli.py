@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -66,7 +67,12 @@ def up(port: int = 8000, data_dir: Annotated[Path, typer.Option()] = Path(".detl
 
     get_settings().resolved_ingest_token()  # created once, read by the worker from the data dir
     _migrate()
-    worker_proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "worker"], env=dict(os.environ))
+    from worker.runner import die_with_parent
+
+    # uvicorn re-raises SIGTERM after its shutdown, so `finally` below may never run: the worker
+    # also learns of our death from the kernel (a warm shutdown; its ranks die with it).
+    worker_proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "worker"], env=dict(os.environ),
+                                   preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     typer.echo(f"detlab is starting at http://127.0.0.1:{port} (data in {data_dir.resolve()})")
     try:
         api(host="127.0.0.1", port=port)

@@ -47,10 +47,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    # A SIGKILLed worker must not leave ranks training into a spool nobody reads.
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """For Popen's preexec_fn: the child gets `sig` when its parent dies, however the parent died.
+
+    A SIGKILLed worker must not leave ranks training into a spool nobody reads."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    libc.prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
 def rank_env(spec: dict[str, Any], rank: int, port: int, log_dir: Path) -> dict[str, str]:
@@ -143,7 +145,7 @@ def _launch_and_stream(spec: dict[str, Any], client: IngestClient, device: str,
             with (folder / f"rank{rank}.stderr").open("wb") as err:  # the child keeps its own copy
                 procs.append(subprocess.Popen([sys.executable, "-m", RANK_PROGRAMS[spec["kind"]], str(spec_path)],
                                               env=rank_env(spec, rank, port, folder), stdout=err,
-                                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
+                                              stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
         reader = SpoolReader(folder)
         last_progress = time.monotonic()
         failure: str | None = None
