@@ -478,3 +478,11 @@ def test_main_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     captured = capsys.readouterr()
     assert "missing.log: cannot read" in captured.err
     assert "NCCL 2.5.6" in captured.out
+
+
+def test_check_does_not_flag_unechoed_algorithm_on_a_one_rank_communicator() -> None:
+    from worker.commlog import empty_result
+
+    single = {**empty_result(), "nranks": 1}
+    assert check_effective({"NCCL_ALGO": "allreduce:tree", "NCCL_PROTO": "Simple"}, [single]) == []
+    assert kinds(check_effective({"NCCL_ALGO": "Tree"}, [{**single, "nranks": 2}])) == [("not-echoed", "NCCL_ALGO")]

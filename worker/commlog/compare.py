@@ -129,8 +129,13 @@ def _echoes(requested: dict[str, str], parsed: list[dict[str, Any]]) -> list[dic
     for log in parsed:
         for name, value in (log.get("env") or {}).items():
             echoed.setdefault(name, set()).add(value)
+    # A one-rank communicator runs no algorithm, and NCCL 2.28 echoes no NCCL_ALGO/NCCL_PROTO for it
+    # (measured on an H200): their silence there says nothing.
+    single_rank = bool(parsed) and all(log.get("nranks") == 1 for log in parsed)
     for name, value in sorted(requested.items()):
         if not name.startswith(("NCCL_", "RCCL_", "MSCCL")) or name in _NEVER_ECHOED:
+            continue
+        if single_rank and name in ("NCCL_ALGO", "NCCL_PROTO"):
             continue
         if name not in echoed:
             out.append({
