@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import APIRouter, HTTPException
@@ -22,37 +24,38 @@ def _run(session: SessionDep, run_id: int) -> Run:
     return run
 
 
-@router.post("/runs/{run_id}/claim")
-def claim_run(run_id: int, body: Claim, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+@contextmanager
+def as_http_errors() -> Iterator[None]:
+    """A run in the wrong state is a 409 (the worker stops); a malformed record a 422."""
     try:
-        spec = ingest.claim(session=session, run=_run(session, run_id), worker=body.worker,
-                            stale_after_s=settings.run_stale_after_s)
+        yield
     except ingest.Conflict as exc:
         raise HTTPException(409, str(exc)) from exc
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+
+
+@router.post("/runs/{run_id}/claim")
+def claim_run(run_id: int, body: Claim, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+    with as_http_errors():
+        spec = ingest.claim(session=session, run=_run(session, run_id), worker=body.worker,
+                            stale_after_s=settings.run_stale_after_s)
     session.commit()
     return spec
 
 
 @router.post("/runs/{run_id}/records")
 def add_records(run_id: int, batch: RecordsBatch, session: SessionDep) -> dict[str, int]:
-    try:
+    with as_http_errors():
         accepted = ingest.add_records(session=session, run=_run(session, run_id), batch=batch)
-    except ingest.Conflict as exc:
-        raise HTTPException(409, str(exc)) from exc
-    except ValueError as exc:
-        raise HTTPException(422, str(exc)) from exc
     session.commit()
     return {"accepted": accepted}
 
 
 @router.post("/runs/{run_id}/commlog")
 def add_comm_log(run_id: int, upload: CommLogUpload, session: SessionDep) -> dict[str, Any]:
-    try:
+    with as_http_errors():
         parsed = ingest.add_comm_log(session=session, run=_run(session, run_id), upload=upload)
-    except ingest.Conflict as exc:
-        raise HTTPException(409, str(exc)) from exc
-    except ValueError as exc:
-        raise HTTPException(422, str(exc)) from exc
     session.commit()
     return {"version": parsed.get("version"), "library": parsed.get("library")}
 
@@ -60,10 +63,8 @@ def add_comm_log(run_id: int, upload: CommLogUpload, session: SessionDep) -> dic
 @router.post("/runs/{run_id}/finish")
 def finish_run(run_id: int, body: Finish, session: SessionDep) -> dict[str, str]:
     run = _run(session, run_id)
-    try:
+    with as_http_errors():
         ingest.finish(session=session, run=run, attempt=body.attempt, status=body.status, error=body.error)
-    except ingest.Conflict as exc:
-        raise HTTPException(409, str(exc)) from exc
     session.commit()
     return {"status": run.status}
 
