@@ -15,6 +15,7 @@ test: $(VENV)/.installed services
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy backend worker
 
 services:
 	bash scripts/test-services.sh

@@ -92,7 +92,10 @@ def _check_attempt(run: Run, attempt: int) -> None:
 def add_records(*, session: Session, run: Run, batch: RecordsBatch) -> int:
     """Store a batch of spool records; returns how many were accepted (duplicates are ignored)."""
     _check_attempt(run, batch.attempt)
-    steps, envs, tensors, trials = [], [], [], []
+    steps: list[dict[str, Any]] = []
+    envs: list[dict[str, Any]] = []
+    tensors: list[dict[str, Any]] = []
+    trials: list[dict[str, Any]] = []
     for rec in batch.records:
         kind = rec.get("type")
         try:

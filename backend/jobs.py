@@ -65,10 +65,10 @@ def expand_sweep(base: configs.ConfigBody, knobs: dict[str, list[str | None]]) -
     swept = {t for knob in knobs for t in targets(knob)}
     out = []
     for cell in cells:
-        values = dict(zip(knobs, cell, strict=True))
+        chosen = dict(zip(knobs, cell, strict=True))
         env = {k: v for k, v in base.env.items() if k not in swept}  # a swept knob's default is unset
-        env.update({t: v for knob, v in values.items() if v is not None for t in targets(knob)})
-        out.append(base.model_copy(update={"env": env, "name": _cell_name(values)}))
+        env.update({t: v for knob, v in chosen.items() if v is not None for t in targets(knob)})
+        out.append(base.model_copy(update={"env": env, "name": _cell_name(chosen)}))
     return out
 
 

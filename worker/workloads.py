@@ -131,6 +131,9 @@ class Scatter(Workload):
         dst = torch.randint(0, nodes, (edges,), generator=g)
 
         class Net(nn.Module):
+            src: torch.Tensor
+            dst: torch.Tensor
+
             def __init__(self) -> None:
                 super().__init__()
                 self.register_buffer("src", src, persistent=False)
