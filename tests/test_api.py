@@ -198,6 +198,8 @@ def test_a_log_showing_ring_under_a_tree_request_is_flagged(client: TestClient, 
     result = comparisons.build(session=session, job=run.job)
     flags = {(f["key"], f.get("kind")) for f in result["effective_mismatches"]}
     assert ("nccl.NCCL_ALGO", "not-honoured") in flags
+    assert client.get(f"/api/v1/runs/{run.id}/commlog/0").text == log.decode()
+    assert client.get(f"/api/v1/runs/{run.id}/commlog/1").status_code == 404
 
 
 def test_a_log_upload_that_is_not_zlib_is_a_422(client: TestClient, session: Session, settings: Settings) -> None:

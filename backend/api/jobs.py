@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 
 from backend import charts, collectives, comparisons, jobs
@@ -113,3 +115,12 @@ def log_diff(run_a: int, run_b: int, session: SessionDep) -> dict[str, Any]:
             raise HTTPException(404, f"run {run_id} has no NCCL/RCCL log")
         facts.append(log.parsed)
     return {"a": run_a, "b": run_b, "diff": commlog.diff_facts(facts[0], facts[1])}
+
+
+@runs_router.get("/{run_id}/commlog/{rank}", response_class=PlainTextResponse)
+def read_comm_log(run_id: int, rank: int, session: SessionDep) -> str:
+    """One rank's NCCL/RCCL debug log as uploaded (cut to head and tail if it was over the cap)."""
+    log = session.scalars(select(CommLog).where(CommLog.run_id == run_id, CommLog.rank == rank)).first()
+    if log is None:
+        raise HTTPException(404, f"run {run_id} has no NCCL/RCCL log for rank {rank}")
+    return zlib.decompress(log.raw).decode("utf-8", errors="replace")
