@@ -139,11 +139,11 @@ def submit(
         raise typer.Exit(1)
 
 
-def _checkpoint_fingerprints(path: Path) -> dict[str, dict[str, Any]]:
+def _checkpoint_fingerprints(path: Path, certificates: bool = False) -> dict[str, dict[str, Any]]:
     from worker.checkpoint import CheckpointError, fingerprints
 
     try:
-        return fingerprints(path)
+        return fingerprints(path, certificates=certificates)
     except CheckpointError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -153,14 +153,16 @@ def _checkpoint_fingerprints(path: Path) -> dict[str, dict[str, Any]]:
 def fingerprint(
     path: Annotated[Path, typer.Argument(help="a .safetensors file or a torch.save checkpoint")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    certificate: Annotated[bool, typer.Option(help="add a sha256 of the same bytes (audits, exports)")] = False,
 ) -> None:
     """Print the fp1 fingerprint of every tensor in a checkpoint."""
-    found = _checkpoint_fingerprints(path)
+    found = _checkpoint_fingerprints(path, certificate)
     if as_json:
         typer.echo(json.dumps(found))
         return
     for name, info in found.items():
-        typer.echo(f"{info['digest']}  {name}  {info['dtype']}{info['shape']}")
+        sha = f"  sha256:{info['sha256']}" if certificate else ""
+        typer.echo(f"{info['digest']}  {name}  {info['dtype']}{info['shape']}{sha}")
 
 
 @app.command()

@@ -65,3 +65,11 @@ def test_a_file_that_is_not_a_checkpoint_is_a_clear_error(tmp_path: Path) -> Non
     for name in ("junk.safetensors", "junk.pt", "missing.pt"):
         out = detlab("fingerprint", str(tmp_path / name))
         assert out.returncode == 2 and out.stderr.startswith("error: "), (name, out.stderr)
+
+
+def test_certificate_is_the_sha256_of_the_tensor_bytes(tmp_path: Path) -> None:
+    import hashlib
+
+    save_file(state(), tmp_path / "a.safetensors")
+    found = json.loads(detlab("fingerprint", str(tmp_path / "a.safetensors"), "--json", "--certificate").stdout)
+    assert found["w"]["sha256"] == hashlib.sha256(state()["w"].numpy().tobytes()).hexdigest()

@@ -56,10 +56,14 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     yield from _flatten(obj)
 
 
-def fingerprints(path: Path) -> dict[str, dict[str, Any]]:
-    """name -> {digest, shape, dtype} for every tensor in the checkpoint."""
-    return {name: {"digest": fp.fingerprint(t), "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-            for name, t in iter_tensors(path)}
+def fingerprints(path: Path, *, certificates: bool = False) -> dict[str, dict[str, Any]]:
+    """name -> {digest, shape, dtype[, sha256]} for every tensor in the checkpoint."""
+    out = {}
+    for name, t in iter_tensors(path):
+        out[name] = {"digest": fp.fingerprint(t), "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        if certificates:
+            out[name]["sha256"] = fp.certificate(t)
+    return out
 
 
 def diff(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
