@@ -59,9 +59,10 @@ def worker(queue: Annotated[str, typer.Option(help="the node pool's queue to con
 
 
 @app.command()
-def up(port: int = 8000, data_dir: Annotated[Path, typer.Option()] = Path(".detlab")) -> None:
+def up(port: int = 8000,
+       data_dir: Annotated[Path, typer.Option(envvar="DETLAB_DATA_DIR")] = Path(".detlab")) -> None:
     """Embedded detlab: SQLite, an embedded broker and one local worker. No services needed."""
-    os.environ.setdefault("DETLAB_DATA_DIR", str(data_dir))
+    os.environ["DETLAB_DATA_DIR"] = str(data_dir)
     os.environ["DETLAB_API_URL"] = f"http://127.0.0.1:{port}"
     from backend.settings import get_settings
 
