@@ -27,6 +27,7 @@ class RunData:
     world_size: int
     tensors: list[tuple[str, list[int], str]]  # (name, shape, dtype) by index
     records: dict[tuple[int, int], StepData] = field(default_factory=dict)  # (step, rank) -> data
+    fp_versions: set[str] = field(default_factory=lambda: {"fp1"})  # digests of other versions never compare
 
     def steps(self) -> list[int]:
         return sorted({s for s, _ in self.records})
@@ -51,6 +52,8 @@ def _incomparable(a: RunData, b: RunData) -> str | None:
     if not a.records or not b.records:
         missing = [str(r.run_id) for r in (a, b) if not r.records]
         return f"run(s) {', '.join(missing)} recorded no steps"
+    if a.fp_versions != b.fp_versions or len(a.fp_versions) > 1:
+        return f"fingerprint versions differ: {sorted(a.fp_versions)} vs {sorted(b.fp_versions)}"
     if a.tensors != b.tensors:
         names_a, names_b = {t[0]: t for t in a.tensors}, {t[0]: t for t in b.tensors}
         only = sorted(names_a.keys() ^ names_b.keys())

@@ -18,9 +18,12 @@ def load_run(*, session: Session, run: Run, workload: str) -> compare.RunData:
     data = compare.RunData(run_id=run.id, workload=workload, world_size=run.world_size,
                            tensors=[(t.name, list(t.shape), t.dtype) for t in tensors])
     rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.digests, StepRecord.loss,
-                                  StepRecord.step_time_s).where(StepRecord.run_id == run.id))
-    for step, rank, digests, loss, seconds in rows:
+                                  StepRecord.step_time_s, StepRecord.fp_version).where(StepRecord.run_id == run.id))
+    versions = set()
+    for step, rank, digests, loss, seconds, version in rows:
         data.records[(step, rank)] = compare.StepData(digests=bytes(digests), loss=loss, step_time_s=seconds)
+        versions.add(version)
+    data.fp_versions = versions or data.fp_versions
     return data
 
 

@@ -493,3 +493,10 @@ def test_reproducibility_is_unknown_when_every_repeat_died() -> None:
     for run in dead:
         run.records.clear()
     assert reproducibility(dead)["rate"] is None
+
+
+def test_runs_fingerprinted_with_different_versions_are_incomparable() -> None:
+    a, b = make_run(1), make_run(2)
+    b.fp_versions = {"fp2"}
+    result = compare_runs(a, b)
+    assert result["verdict"] == "incomparable" and "fingerprint versions differ" in result["reason"]
