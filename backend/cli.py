@@ -96,10 +96,20 @@ def _config_ref(value: str) -> dict[str, Any]:
     return {"preset": value}
 
 
+def _json_option(value: str | None, option: str) -> Any:
+    try:
+        return None if value is None else json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc}", param_hint=option) from exc
+
+
 @app.command()
 def submit(
-    workload: Annotated[str, typer.Option(help="a registered workload: mlp, tiny-lm, scatter, ...")],
     config: Annotated[list[str], typer.Option(help="preset name or path to a JSON config; give two to compare")],
+    workload: Annotated[str | None, typer.Option(help="train: mlp, tiny-lm, scatter, ...")] = None,
+    kind: Annotated[str, typer.Option(help="train, collective or sweep")] = "train",
+    collective: Annotated[str | None, typer.Option(help='collective/sweep: JSON, e.g. {"ops": ["all_gather"]}')] = None,
+    knobs: Annotated[str | None, typer.Option(help='sweep: JSON, e.g. {"NCCL_ALGO": [null, "Ring"]}')] = None,
     server: str = "http://127.0.0.1:8000",
     world_size: int = 1,
     steps: Annotated[int | None, typer.Option(help="default: the workload's")] = None,
@@ -108,9 +118,13 @@ def submit(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object as the last line")] = False,
     timeout: float = 3600.0,
 ) -> None:
-    """Submit a train comparison; with --wait --json the last line is the job and its verdict as JSON."""
-    body = {"kind": "train", "workload": workload, "configs": [_config_ref(c) for c in config],
-            "world_size": world_size, "steps": steps, "repeats": repeats}
+    """Submit a job; with --wait --json the last line is the job and its result as JSON
+    (train: the verdict, first divergence, throughput and cost; collective/sweep: the cells)."""
+    body: dict[str, Any] = {"kind": kind, "workload": workload, "configs": [_config_ref(c) for c in config],
+                            "world_size": world_size, "steps": steps, "repeats": repeats,
+                            "collective": _json_option(collective, "--collective")}
+    if kind == "sweep":
+        body["sweep"] = {"over": "collective", "knobs": _json_option(knobs, "--knobs")}
     with httpx.Client(base_url=server.rstrip("/"), timeout=60) as http:
         resp = http.post("/api/v1/jobs", json=body)
         if resp.status_code != 201:
@@ -129,13 +143,17 @@ def submit(
             job = http.get(f"/api/v1/jobs/{job['id']}").json()
             if not as_json:
                 typer.echo(f"job {job['id']}: {job['status']} {job['progress']:.0%}", err=True)
-        comparison = http.get(f"/api/v1/jobs/{job['id']}/comparison")
-        result = {"job": job, **(comparison.json() if comparison.status_code == 200 else {})}
+        found = http.get(f"/api/v1/jobs/{job['id']}/{'comparison' if kind == 'train' else 'collective'}")
+        result = {"job": job, **(found.json() if found.status_code == 200 else {})}
     if as_json:
         typer.echo(json.dumps(result))
-    else:
+    elif kind == "train":
         typer.echo(f"job {job['id']} {job['status']}: verdict {result.get('verdict')}, first divergent step "
                    f"{result.get('first_divergent_step')}, tensors {result.get('first_divergent_tensors')}")
+    else:
+        cells = result.get("cells", [])
+        typer.echo(f"job {job['id']} {job['status']}: {sum(c['reproducible'] for c in cells)}/{len(cells)} "
+                   f"cells reproducible; {server}/jobs/{job['id']}")
     if job["status"] != "succeeded":
         raise typer.Exit(1)
 

@@ -143,15 +143,16 @@ def test_collective_job_reports_reproducibility_bandwidth_and_cross_config_equal
 
 
 def test_sweep_job_runs_one_config_per_cell(distributed: Stack) -> None:
-    job = distributed.submit({"kind": "sweep", "world_size": 2, "configs": [{"preset": "default"}],
-                              "collective": {"min_bytes": 4096, "max_bytes": 4096, "trials": 2, "warmup": 0},
-                              "sweep": {"over": "collective", "knobs": {"NCCL_ALGO": [None, "Ring"],
-                                                                         "channels": [None, "1"]}}})
-    done = distributed.wait_job(job["id"])
-    assert done["status"] == "succeeded"
-    assert sorted(c["name"] for c in done["configs"]) == ["algo-Ring", "algo-Ring.channels-1", "channels-1",
-                                                          "default"]
-    result = httpx.get(f"{distributed.url}/api/v1/jobs/{job['id']}/collective", timeout=30).json()
+    out = subprocess.run(
+        [sys.executable, "-m", "backend.cli", "submit", "--server", distributed.url, "--kind", "sweep",
+         "--config", "default", "--world-size", "2", "--collective",
+         '{"min_bytes": 4096, "max_bytes": 4096, "trials": 2, "warmup": 0}',
+         "--knobs", '{"NCCL_ALGO": [null, "Ring"], "channels": [null, "1"]}', "--wait", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr + distributed.logs()
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(c["name"] for c in result["job"]["configs"]) == ["algo-Ring", "algo-Ring.channels-1",
+                                                                   "channels-1", "default"]
     assert len(result["cells"]) == 4
     # gloo ignores NCCL knobs, so every cell computes the same bits
     assert all(all(v for v in row) for e in result["equality"] for row in e["equal"])
