@@ -109,7 +109,8 @@ def submit(
     workload: Annotated[str | None, typer.Option(help="train: mlp, tiny-lm, scatter, ...")] = None,
     kind: Annotated[str, typer.Option(help="train, collective or sweep")] = "train",
     collective: Annotated[str | None, typer.Option(help='collective/sweep: JSON, e.g. {"ops": ["all_gather"]}')] = None,
-    knobs: Annotated[str | None, typer.Option(help="sweep: JSON object, knob name to a list of values (null = the library default)")] = None,
+    knobs: Annotated[str | None, typer.Option(
+        help="sweep: JSON object, knob name to a list of values (null = the library default)")] = None,
     server: str = "http://127.0.0.1:8000",
     world_size: int = 1,
     steps: Annotated[int | None, typer.Option(help="default: the workload's")] = None,
