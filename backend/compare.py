@@ -10,14 +10,20 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 DIGEST_BYTES = 16
 
 
 @dataclass
 class StepData:
-    digests: bytes  # DIGEST_BYTES per tensor, in tensor-index order
+    digests: bytes | None  # DIGEST_BYTES per tensor in tensor-index order; None when not loaded
     loss: float | None
     step_time_s: float
+    model_digest: str | None = None  # digest of `digests`: enough to tell equal from different
+
+    def key(self) -> str | bytes | None:
+        return self.model_digest if self.model_digest is not None else self.digests
 
 
 @dataclass
@@ -28,22 +34,58 @@ class RunData:
     tensors: list[tuple[str, list[int], str]]  # (name, shape, dtype) by index
     records: dict[tuple[int, int], StepData] = field(default_factory=dict)  # (step, rank) -> data
     fp_versions: set[str] = field(default_factory=lambda: {"fp1"})  # digests of other versions never compare
+    # steps() and ranks() are asked once per step of a comparison: cached while `records` keeps its size.
+    _cache: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False, compare=False)
+
+    def _keys(self, part: int) -> list[int]:
+        name = "steps" if part == 0 else "ranks"
+        size, found = self._cache.get(name, (-1, []))
+        if size != len(self.records):
+            found = sorted({key[part] for key in self.records})
+            self._cache[name] = (len(self.records), found)
+        return found
 
     def steps(self) -> list[int]:
-        return sorted({s for s, _ in self.records})
+        return self._keys(0)
 
     def ranks(self) -> list[int]:
-        return sorted({r for _, r in self.records})
+        return self._keys(1)
+
+    def at(self, step: int, ranks: list[int]) -> list[StepData]:
+        return [d for r in ranks if (d := self.records.get((step, r))) is not None]
 
 
-def split(digests: bytes) -> list[bytes]:
-    return [digests[i : i + DIGEST_BYTES] for i in range(0, len(digests), DIGEST_BYTES)]
+def _table(digests: bytes) -> np.ndarray:
+    return np.frombuffer(digests, dtype=np.uint8).reshape(-1, DIGEST_BYTES)
 
 
-def _consensus(run: RunData, step: int) -> list[bytes | None]:
-    """Per tensor: the digest all ranks agree on at this step, or None where replicas disagree."""
-    per_rank = [split(run.records[(step, r)].digests) for r in run.ranks() if (step, r) in run.records]
-    return [col[0] if all(d == col[0] for d in col) else None for col in zip(*per_rank, strict=True)]
+def _tensor_diff(a: list[StepData], b: list[StepData], per_rank: bool) -> set[int] | None:
+    """Indices of tensors that differ (None when digests are not loaded). Per rank: a[i] vs b[i].
+    Rank consensus: a tensor differs where the replicas of either run disagree or the runs do."""
+    if any(d.digests is None for d in a + b):
+        return None
+    if per_rank:
+        return {int(i) for x, y in zip(a, b, strict=True)
+                for i in np.nonzero((_table(x.digests) != _table(y.digests)).any(axis=1))[0]}  # type: ignore[arg-type]
+    sa = np.stack([_table(d.digests) for d in a])  # type: ignore[arg-type]
+    sb = np.stack([_table(d.digests) for d in b])  # type: ignore[arg-type]
+    split_a, split_b = (sa != sa[0]).any(axis=(0, 2)), (sb != sb[0]).any(axis=(0, 2))
+    return {int(i) for i in np.nonzero(split_a | split_b | (sa[0] != sb[0]).any(axis=1))[0]}
+
+
+def step_diff(a: RunData, b: RunData, step: int, ranks: list[int] | None) -> tuple[bool, set[int] | None, list[int]]:
+    """At one step: (do the runs differ, which tensors if known, which ranks). `ranks` are the common
+    ranks to compare one to one, or None for rank-consensus mode (different world sizes)."""
+    if ranks is not None:
+        bad = [(r, x, y) for r in ranks
+               if (x := a.records.get((step, r))) is not None and (y := b.records.get((step, r))) is not None
+               and x.key() != y.key()]
+        return bool(bad), _tensor_diff([x for _, x, _ in bad], [y for _, _, y in bad], True), [r for r, _, _ in bad]
+    da, db = a.at(step, a.ranks()), b.at(step, b.ranks())
+    keys_a, keys_b = {d.key() for d in da}, {d.key() for d in db}
+    if len(keys_a) == 1 and keys_a == keys_b:
+        return False, set(), []
+    return True, _tensor_diff(da, db, False), []
 
 
 def _incomparable(a: RunData, b: RunData) -> str | None:
@@ -83,7 +125,10 @@ def _loss_curve(run: RunData, steps: list[int]) -> list[list[float]]:
 
 
 def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
-    """Verdict between two runs: identical, diverged (where first) or incomparable (why)."""
+    """Verdict between two runs: identical, diverged (where first) or incomparable (why).
+
+    Steps are told apart by their model digests; tensor-level detail is given for the steps whose
+    packed digests are loaded (the caller loads the first divergent step and a sample of the rest)."""
     reason = _incomparable(a, b)
     if reason:
         return {"verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
@@ -92,29 +137,25 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     names = [t[0] for t in a.tensors]
     steps = sorted(set(a.steps()) & set(b.steps()))
     per_rank = a.world_size == b.world_size
+    common = sorted(set(a.ranks()) & set(b.ranks())) if per_rank else None
     notes = [] if per_rank else [f"compared on rank-consensus parameters (world sizes {a.world_size} vs "
                                  f"{b.world_size}); ranks are not matched one to one"]
-    per_step, first_step, first_tensors, first_ranks = [], None, [], []
+    per_step: list[dict[str, Any]] = []
+    first_step, first_tensors, first_ranks, differing_steps, unknown = None, [], [], 0, 0
     for step in steps:
-        differing: set[int] = set()
-        ranks: set[int] = set()
-        if per_rank:
-            for rank in sorted(set(a.ranks()) & set(b.ranks())):
-                ra, rb = a.records.get((step, rank)), b.records.get((step, rank))
-                if ra is None or rb is None:
-                    continue
-                idx = {i for i, (x, y) in enumerate(zip(split(ra.digests), split(rb.digests), strict=True))
-                       if x != y}
-                if idx:
-                    ranks.add(rank)
-                    differing |= idx
-        else:
-            ca, cb = _consensus(a, step), _consensus(b, step)
-            differing = {i for i, (x, y) in enumerate(zip(ca, cb, strict=True)) if x is None or y is None or x != y}
-        per_step.append({"step": step, "tensors_differing": len(differing)})
-        if differing and first_step is None:
-            first_step, first_ranks = step, sorted(ranks)
-            first_tensors = [names[i] for i in sorted(differing)]
+        differs, tensors, ranks = step_diff(a, b, step, common)
+        count = None if tensors is None else len(tensors)
+        per_step.append({"step": step, "tensors_differing": count if differs else 0})
+        if not differs:
+            continue
+        differing_steps += 1
+        unknown += tensors is None
+        if first_step is None:
+            first_step, first_ranks = step, ranks
+            first_tensors = [names[i] for i in sorted(tensors or ())]
+    if unknown:
+        notes.append(f"tensor counts shown for {differing_steps - unknown} of {differing_steps} differing steps "
+                     "(the first included)")
     lone_ranks = set(a.ranks()) ^ set(b.ranks()) if per_rank else set()
     if lone_ranks:
         notes.append(f"rank(s) {sorted(lone_ranks)} recorded in one run only and were not compared")
@@ -130,11 +171,17 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         "first_divergent_step": first_step,
         "first_divergent_tensors": first_tensors,
         "ranks": first_ranks,
-        "steps_differing": sum(1 for p in per_step if p["tensors_differing"]),
+        "steps_differing": differing_steps,
         "steps_compared": len(steps),
         "per_step": per_step,
         "loss": {"a": _loss_curve(a, steps), "b": _loss_curve(b, steps)},
     }
+
+
+def differing_steps(a: RunData, b: RunData) -> list[int]:
+    """Steps at which two comparable runs differ, from model digests alone."""
+    common = sorted(set(a.ranks()) & set(b.ranks())) if a.world_size == b.world_size else None
+    return [s for s in sorted(set(a.steps()) & set(b.steps())) if step_diff(a, b, s, common)[0]]
 
 
 def reproducibility(repeats: list[RunData]) -> dict[str, Any]:

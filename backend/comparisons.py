@@ -12,19 +12,42 @@ from backend.jobs import job_configs, roll_up
 from backend.models import FINISHED, SUCCEEDED, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
 from worker import commlog
 
+# Packed per-tensor digests are loaded for the first divergent step and at most this many others:
+# model digests tell equal from different steps, so 100k steps never load 100k packed rows.
+DETAIL_STEPS = 200
+
 
 def load_run(*, session: Session, run: Run, workload: str) -> compare.RunData:
+    """A run's step records with model digests only (packed digests come later, where needed)."""
     tensors = session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index))
     data = compare.RunData(run_id=run.id, workload=workload, world_size=run.world_size,
                            tensors=[(t.name, list(t.shape), t.dtype) for t in tensors])
-    rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.digests, StepRecord.loss,
+    rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.model_digest, StepRecord.loss,
                                   StepRecord.step_time_s, StepRecord.fp_version).where(StepRecord.run_id == run.id))
     versions = set()
-    for step, rank, digests, loss, seconds, version in rows:
-        data.records[(step, rank)] = compare.StepData(digests=bytes(digests), loss=loss, step_time_s=seconds)
+    for step, rank, model_digest, loss, seconds, version in rows:
+        data.records[(step, rank)] = compare.StepData(digests=None, loss=loss, step_time_s=seconds,
+                                                      model_digest=model_digest)
         versions.add(version)
     data.fp_versions = versions or data.fp_versions
     return data
+
+
+def load_detail(*, session: Session, runs: list[compare.RunData], steps: list[int]) -> None:
+    """Fill in the packed per-tensor digests of these steps."""
+    for data in runs:
+        rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.digests).where(
+            StepRecord.run_id == data.run_id, StepRecord.step.in_(steps)))
+        for step, rank, digests in rows:
+            data.records[(step, rank)].digests = bytes(digests)
+
+
+def detail_steps(differing: list[int]) -> list[int]:
+    """The first divergent step and an even sample of the later ones."""
+    if len(differing) <= DETAIL_STEPS:
+        return differing
+    stride = len(differing) / DETAIL_STEPS
+    return sorted({differing[0], *(differing[int(i * stride)] for i in range(DETAIL_STEPS))})
 
 
 def effective_mismatches(*, session: Session, runs: list[Run]) -> list[dict[str, Any]]:
@@ -62,7 +85,9 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     if not any(d.records for g in groups.values() for d in g):
         return None
     if len(cfgs) >= 2:
-        result = compare.compare_runs(groups[0][0], groups[1][0])
+        a, b = groups[0][0], groups[1][0]
+        load_detail(session=session, runs=[a, b], steps=detail_steps(compare.differing_steps(a, b)))
+        result = compare.compare_runs(a, b)
         result["config_diff"] = configs.diff(cfgs[0].body, cfgs[1].body)
     else:
         result = {"verdict": None, "reason": "a single config: see the reproducibility of its repeats",

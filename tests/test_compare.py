@@ -500,3 +500,30 @@ def test_runs_fingerprinted_with_different_versions_are_incomparable() -> None:
     b.fp_versions = {"fp2"}
     result = compare_runs(a, b)
     assert result["verdict"] == "incomparable" and "fingerprint versions differ" in result["reason"]
+
+
+def test_model_digests_alone_find_the_divergence_and_detail_is_shown_where_loaded() -> None:
+    from backend.compare import differing_steps
+
+    a, b = make_run(1), make_run(2)
+    perturb(b, step=2, rank=1, tensor=2)
+    perturb(b, step=3, rank=0, tensor=1)
+    for run in (a, b):
+        for key, data in run.records.items():
+            data.model_digest = data.digests.hex()
+            if key[0] != 2:
+                data.digests = None  # only step 2's packed digests are loaded
+    assert differing_steps(a, b) == [2, 3]
+    result = compare_runs(a, b)
+    assert result["first_divergent_step"] == 2 and result["ranks"] == [1]
+    assert result["first_divergent_tensors"] == [TENSORS[2][0]]
+    assert [p["tensors_differing"] for p in result["per_step"]] == [0, 0, 1, None]
+    assert "tensor counts shown for 1 of 2 differing steps" in result["reason"]
+
+
+def test_detail_steps_keep_the_first_and_sample_the_rest() -> None:
+    from backend.comparisons import DETAIL_STEPS, detail_steps
+
+    chosen = detail_steps(list(range(5, 100_005)))
+    assert chosen[0] == 5 and len(chosen) <= DETAIL_STEPS + 1 and chosen == sorted(chosen)
+    assert detail_steps([3, 9]) == [3, 9]
