@@ -15,7 +15,7 @@ import numpy as np
 DIGEST_BYTES = 16
 
 
-@dataclass
+@dataclass(slots=True)
 class StepData:
     digests: bytes | None  # DIGEST_BYTES per tensor in tensor-index order; None when not loaded
     loss: float | None

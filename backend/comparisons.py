@@ -22,14 +22,13 @@ def load_run(*, session: Session, run: Run, workload: str) -> compare.RunData:
     tensors = session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index))
     data = compare.RunData(run_id=run.id, workload=workload, world_size=run.world_size,
                            tensors=[(t.name, list(t.shape), t.dtype) for t in tensors])
-    rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.model_digest, StepRecord.loss,
-                                  StepRecord.step_time_s, StepRecord.fp_version).where(StepRecord.run_id == run.id))
-    versions = set()
-    for step, rank, model_digest, loss, seconds, version in rows:
-        data.records[(step, rank)] = compare.StepData(digests=None, loss=loss, step_time_s=seconds,
-                                                      model_digest=model_digest)
-        versions.add(version)
-    data.fp_versions = versions or data.fp_versions
+    # Core rows, not ORM rows: a long run has hundreds of thousands of them.
+    rows = session.connection().execute(select(
+        StepRecord.step, StepRecord.rank, StepRecord.model_digest, StepRecord.loss, StepRecord.step_time_s,
+        StepRecord.fp_version).where(StepRecord.run_id == run.id)).all()
+    data.records = {(step, rank): compare.StepData(None, loss, seconds, digest)
+                    for step, rank, digest, loss, seconds, _ in rows}
+    data.fp_versions = {row[5] for row in rows} or data.fp_versions
     return data
 
 
