@@ -73,6 +73,22 @@ def log_flags(*, session: Session, runs: list[Run]) -> list[dict[str, Any]]:
             for run in runs if run.id in logs for flag in commlog.check_effective(run.config.body["env"], logs[run.id])]
 
 
+ENV_FACTS = ("host", "device", "driver", "cuda", "hip", "torch", "nccl", "backend")
+
+
+def environment(*, session: Session, run_a: int, run_b: int) -> list[dict[str, Any]]:
+    """The stack each compared run ran on (its lowest rank), fact by fact, with differences marked:
+    two runs that part may simply have run on different hardware or library versions."""
+    first: dict[int, RankEnv] = {}
+    for env in session.scalars(select(RankEnv).where(RankEnv.run_id.in_([run_a, run_b])).order_by(RankEnv.rank)):
+        first.setdefault(env.run_id, env)
+    facts = []
+    for key in ENV_FACTS:
+        a, b = (getattr(first[r], key) if r in first else None for r in (run_a, run_b))
+        facts.append({"key": key, "a": a, "b": b, "differs": a != b})
+    return facts
+
+
 def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     """The comparison of a job's first two configs, or None while nothing is recorded yet."""
     cfgs = job_configs(session=session, job=job)
@@ -88,6 +104,7 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         load_detail(session=session, runs=[a, b], steps=detail_steps(compare.differing_steps(a, b)))
         result = compare.compare_runs(a, b)
         result["config_diff"] = configs.diff(cfgs[0].body, cfgs[1].body)
+        result["environment"] = environment(session=session, run_a=a.run_id, run_b=b.run_id)
     else:
         result = {"verdict": None, "reason": "a single config: see the reproducibility of its repeats",
                   "config_diff": []}

@@ -218,3 +218,20 @@ def test_an_oversized_chunked_body_without_content_length_is_refused(client: Tes
 
     resp = client.post("/api/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
     assert resp.status_code == 413
+
+
+def test_comparison_sets_the_stacks_of_both_runs_side_by_side(client: TestClient, session: Session,
+                                                              settings: Settings) -> None:
+    from backend import comparisons
+
+    run = make_run(session, settings, configs=[{"preset": "default"}, {"preset": "default", "name": "b"}])
+    runs = sorted(run.job.runs, key=lambda r: r.config_index)
+    for r, torch_version in zip(runs, ["2.13.0", "2.14.1"], strict=True):
+        spec = client.post(f"/api/v1/ingest/runs/{r.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+        env = {"type": "env", "rank": 0, "host": "node1", "device": "cpu", "torch": torch_version, "backend": "gloo"}
+        batch = {"attempt": spec["attempt"], "records": [env, step_record(0, 0)]}
+        assert client.post(f"/api/v1/ingest/runs/{r.id}/records", json=batch, headers=AUTH).status_code == 200
+    session.expire_all()
+    facts = {f["key"]: f for f in comparisons.build(session=session, job=run.job)["environment"]}
+    assert facts["torch"] == {"key": "torch", "a": "2.13.0", "b": "2.14.1", "differs": True}
+    assert facts["host"]["differs"] is False

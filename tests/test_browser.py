@@ -37,6 +37,7 @@ def test_submitting_on_the_page_shows_the_divergence_marker(embedded: Stack, tmp
         expect(page.locator("#first-step")).to_have_text("1")
         expect(page.locator("#divergent-tensors")).to_contain_text("0.weight")
         expect(page.locator("#config-diff")).to_contain_text("world_size")
+        expect(page.locator("#environment")).to_contain_text("gloo")
         marker = page.wait_for_function("""() => {
             const traces = (document.getElementById('chart').data || []).filter(t => t.name === 'first divergence');
             return traces.length ? traces[0].x : null; }""", timeout=30_000).json_value()

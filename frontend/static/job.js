@@ -174,6 +174,14 @@
     setRows($("config-diff"), rows, "The two configs are identical.", 3);
   }
 
+  // Lowest rank of each compared run; a differing fact (device, driver, torch, NCCL) is marked.
+  function renderEnvironment(cmp) {
+    const rows = (cmp.environment || []).map((f) =>
+      el("tr", { className: f.differs ? "differs" : "" },
+        el("td", { text: f.key }), el("td", { text: f.a ?? "—" }), el("td", { text: f.b ?? "—" })));
+    setRows($("environment"), rows, "No environment recorded.", 3);
+  }
+
   function renderMismatches(job, cmp) {
     const mismatches = cmp.effective_mismatches || [];
     $("mismatches-block").hidden = mismatches.length === 0;
@@ -288,6 +296,7 @@
     $("comparison").hidden = false;
     renderFacts(job, cmp);
     renderConfigDiff(job, cmp);
+    renderEnvironment(cmp);
     renderMismatches(job, cmp);
     renderThroughput(job.id, cmp);
     renderReproducibility(cmp);
