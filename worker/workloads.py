@@ -7,6 +7,7 @@ attributes are read without torch (the backend lists workloads); torch is import
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 GROUP = "detlab.workloads"
 
 
-class Workload:
+class Workload(ABC):
     """Base class: build a model, make the global batch of a step, compute the loss of a slice."""
 
     name = ""
@@ -24,14 +25,17 @@ class Workload:
     global_batch = 32
     default_steps = 20
 
+    @abstractmethod
     def build(self) -> torch.nn.Module:
-        raise NotImplementedError
+        """A freshly initialised model (seeded by the caller)."""
 
+    @abstractmethod
     def batch(self, step: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-        raise NotImplementedError
+        """The whole global batch of `step`: a function of (seed, step) only, never of rank or world size."""
 
+    @abstractmethod
     def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        raise NotImplementedError
+        """Mean loss over a rank's slice of the batch."""
 
 
 def _generator(seed: int, step: int) -> torch.Generator:
