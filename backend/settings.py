@@ -54,7 +54,7 @@ class Settings(BaseSettings):
         return f"sqlite:///{(self.data_dir / 'detlab.sqlite3').resolve()}"
 
     def resolved_broker_url(self) -> str:
-        return self.broker_url or "filesystem://"
+        return self.broker_url or "filesystem://localhost/"  # a host name keeps kombu from warning
 
     def broker_folder(self) -> Path:
         folder = (self.data_dir / "broker").resolve()
