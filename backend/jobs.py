@@ -7,6 +7,7 @@ import itertools
 import re
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
@@ -19,6 +20,14 @@ from worker.workloads import registry
 
 class InvalidJob(ValueError):
     """A job request that cannot run; the message says what to change."""
+
+
+def explain(exc: ValueError) -> str:
+    """A validation error as one line a user can act on (no pydantic boilerplate)."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in exc.errors())
+    return str(exc)
 
 
 def get_or_create_config(*, session: Session, body: configs.ConfigBody) -> Config:
@@ -81,7 +90,7 @@ def _validate(data: JobCreate, settings: Settings) -> tuple[str, int, list[confi
         try:
             bodies.append(configs.resolve(ref))
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
-            raise InvalidJob(f"config {i}: {exc}") from exc
+            raise InvalidJob(f"config {i}: {explain(exc)}") from exc
     kind = data.kind
     if kind == "sweep":
         if data.sweep is None or len(bodies) != 1:

@@ -235,3 +235,9 @@ def test_comparison_sets_the_stacks_of_both_runs_side_by_side(client: TestClient
     facts = {f["key"]: f for f in comparisons.build(session=session, job=run.job)["environment"]}
     assert facts["torch"] == {"key": "torch", "a": "2.13.0", "b": "2.14.1", "differs": True}
     assert facts["host"]["differs"] is False
+
+
+def test_a_bad_config_error_names_the_field_without_validator_boilerplate(client: TestClient) -> None:
+    resp = client.post("/api/v1/jobs", json={"workload": "mlp", "configs": [{}, {"seed": -1}]})
+    assert resp.status_code == 422
+    assert resp.json()["detail"] == "config 1: seed: Input should be greater than or equal to 0"
