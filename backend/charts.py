@@ -72,11 +72,12 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     )
     per_step = comparison.get("per_step") or []
     steps = [int(p["step"]) for p in per_step]
-    differing = [int(p.get("tensors_differing") or 0) for p in per_step]
+    counts = [p.get("tensors_differing") for p in per_step]  # None: differs, tensor detail not loaded
+    differing = [int(c or 0) for c in counts]
     fig.add_trace(
         go.Bar(
             x=steps,
-            y=differing,
+            y=[None if c is None else int(c) for c in counts],
             name="tensors differing",
             marker_color=[COLOR_DIFF if d else COLOR_NEUTRAL for d in differing],
             hovertemplate="step %{x}: %{y} tensors differ<extra></extra>",
@@ -84,6 +85,20 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
         row=1,
         col=1,
     )
+    unknown = [s for s, c in zip(steps, counts, strict=True) if c is None]
+    if unknown:
+        fig.add_trace(
+            go.Scatter(
+                x=unknown,
+                y=[max(differing + [1])] * len(unknown),
+                name="differs (tensor count not loaded)",
+                mode="markers",
+                marker={"symbol": "line-ew-open", "size": 10, "color": COLOR_DIFF},
+                hovertemplate="step %{x}: differs<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
 
     first = comparison.get("first_divergent_step")
     if comparison.get("verdict") == "diverged" and first is not None:

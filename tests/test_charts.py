@@ -203,3 +203,15 @@ def test_throughput_skips_configs_without_measurement() -> None:
 
 def test_cost_label_negative_cost_is_faster() -> None:
     assert cost_label(-0.05) == "5.0% faster"
+
+
+def test_steps_that_differ_without_tensor_detail_are_marked_not_drawn_as_zero() -> None:
+    from backend.charts import comparison_figure
+
+    comparison = {"verdict": "diverged", "first_divergent_step": 1, "steps_differing": 2, "steps_compared": 3,
+                  "per_step": [{"step": 0, "tensors_differing": 0}, {"step": 1, "tensors_differing": 4},
+                               {"step": 2, "tensors_differing": None}],
+                  "loss": {"a": [], "b": []}}
+    traces = {t["name"]: t for t in comparison_figure(comparison)["data"]}
+    assert traces["tensors differing"]["y"] == [0, 4, None]
+    assert list(traces["differs (tensor count not loaded)"]["x"]) == [2]
