@@ -241,3 +241,21 @@ def test_a_bad_config_error_names_the_field_without_validator_boilerplate(client
     resp = client.post("/api/v1/jobs", json={"workload": "mlp", "configs": [{}, {"seed": -1}]})
     assert resp.status_code == 422
     assert resp.json()["detail"] == "config 1: seed: Input should be greater than or equal to 0"
+
+
+def test_a_finished_jobs_comparison_is_built_once(client: TestClient, session: Session, settings: Settings,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend import comparisons
+
+    run = make_run(session, settings)
+    spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    client.post(f"/api/v1/ingest/runs/{run.id}/records", json={"attempt": spec["attempt"],
+                                                                "records": [step_record(0, 0)]}, headers=AUTH)
+    client.post(f"/api/v1/ingest/runs/{run.id}/finish", json={"attempt": spec["attempt"], "status": "succeeded"},
+                headers=AUTH)
+    builds = []
+    real = comparisons.build
+    monkeypatch.setattr(comparisons, "build", lambda **kw: builds.append(1) or real(**kw))
+    for path in ("comparison", "comparison/figure", "throughput/figure"):
+        assert client.get(f"/api/v1/jobs/{run.job_id}/{path}").status_code == 200
+    assert len(builds) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from collections import OrderedDict
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
@@ -11,7 +12,7 @@ from sqlalchemy import select
 
 from backend import charts, collectives, comparisons, jobs
 from backend.api.deps import CurrentUser, SessionDep, SettingsDep
-from backend.models import CommLog, Run, utcnow
+from backend.models import FINISHED, CommLog, Run, utcnow
 from backend.queue import dispatch
 from backend.schemas import JobCreate, JobRead, JobsPage
 from worker import commlog
@@ -60,11 +61,25 @@ def read_job(job_id: int, session: SessionDep) -> dict[str, Any]:
     return jobs.read_job(session=session, job=_job_or_404(session, job_id))
 
 
+# A finished job's records no longer change (ingest refuses finished runs), so its comparison is
+# built once per API process, not once per request: a job page asks for it three times.
+_FINISHED_COMPARISONS: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+_CACHE_SIZE = 32
+
+
 def _comparison(job_id: int, session: SessionDep) -> dict[str, Any]:
+    key = (str(session.get_bind().engine.url), job_id)
+    if key in _FINISHED_COMPARISONS:
+        _FINISHED_COMPARISONS.move_to_end(key)
+        return _FINISHED_COMPARISONS[key]
     job = _job_or_404(session, job_id)
     result = comparisons.build(session=session, job=job)
     if result is None:
         raise HTTPException(404, f"job {job_id} has no recorded steps yet")
+    if job.status in FINISHED:
+        _FINISHED_COMPARISONS[key] = result
+        if len(_FINISHED_COMPARISONS) > _CACHE_SIZE:
+            _FINISHED_COMPARISONS.popitem(last=False)
     return result
 
 
