@@ -398,9 +398,14 @@ def test_triton_kept_plan_sees_in_place_changes() -> None:
     from worker.fingerprint.triton_impl import fingerprint_many_triton
 
     x = random_tensor(torch.float32, 100_003, 1, device="cuda")
-    before = fingerprint_many_triton([x])
-    x.view(torch.int32)[77] ^= 1  # same storage, shape, strides: the launch table is kept, bytes read again
-    assert fingerprint_many_triton([x]) == [fingerprint_bytes(tensor_bytes(x))] != before
+    seen = fingerprint_many_triton([x])
+    # Same storage, shape, strides: the launch table is kept (first reuse: captured as a CUDA graph; then
+    # replayed), and every run reads the bytes again.
+    for i in range(3):
+        x.view(torch.int32)[77 + i] ^= 1
+        now = fingerprint_many_triton([x])
+        assert now == [fingerprint_bytes(tensor_bytes(x))] != seen
+        seen = now
 
 
 @needs_cuda
@@ -438,3 +443,42 @@ def test_triton_plan_cache_is_bounded_and_keeps_no_tensor_alive() -> None:
     del t, tensors
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+@needs_cuda
+def test_triton_kept_graph_is_not_reused_for_another_view_at_the_same_address() -> None:
+    from worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    x = random_tensor(torch.float32, 64 * 33, 4, device="cuda").reshape(64, 33)
+    for _ in range(3):  # kept, captured, replayed
+        assert fingerprint_many_triton([x]) == [fingerprint_bytes(tensor_bytes(x))]
+    for view in [x.t(), x[:5], x.view(torch.int32), x]:
+        assert fingerprint_many_triton([view]) == [fingerprint_bytes(tensor_bytes(view))]
+
+
+@needs_cuda
+def test_triton_plan_cache_drops_the_least_recently_used_plan() -> None:
+    from worker.fingerprint import triton_impl
+
+    triton_impl.clear_plan_cache()
+    tensors = [torch.full((16,), i, device="cuda") for i in range(triton_impl.CACHE_SIZE + 1)]
+    for t in tensors[:-1]:
+        triton_impl.fingerprint_many_triton([t])
+    triton_impl.fingerprint_many_triton([tensors[0]])  # the oldest plan, used again
+    triton_impl.fingerprint_many_triton([tensors[-1]])  # one plan too many: the second is dropped
+    kept = {key[2] for key in triton_impl._plans}
+    assert (tensors[0].data_ptr(),) in kept and (tensors[1].data_ptr(),) not in kept
+
+
+@needs_cuda
+def test_a_models_parameters_each_step_as_a_training_loop_passes_them() -> None:
+    model = torch.nn.Linear(33, 17).cuda()
+    params = list(model.parameters())  # require grad; the same list every step, as worker.rank passes it
+    seen = set()
+    for _ in range(3):
+        digests = fingerprint_many(params)
+        assert digests == [fingerprint_bytes(tensor_bytes(p)) for p in params]
+        seen.add(tuple(digests))
+        with torch.no_grad():
+            model.weight.add_(1.0)
+    assert len(seen) == 3

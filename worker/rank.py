@@ -149,8 +149,10 @@ def train(spec: dict[str, Any]) -> None:
     interval, steps = int(spec.get("fingerprint_interval", 1)), int(spec["steps"])
     share = workload.global_batch // world
 
+    params = [p for _, p in named]  # one list, the same every step: the fingerprint's launch plan is kept
+
     def record(step: int, loss: torch.Tensor | None, seconds: float) -> None:
-        digests = fp.fingerprint_many([p.detach() for _, p in named])
+        digests = fp.fingerprint_many(params)
         packed = b"".join(fp.digest_to_bytes(d) for d in digests)
         spool.write({"type": "step", "step": step, "rank": rank, "fp_version": fp.FP_VERSION,
                      "model_digest": fp.fingerprint_bytes(packed), "digests": packed.hex(),

@@ -6,11 +6,13 @@ tile of one tensor and adds its two partial lane sums into that tensor's pair of
 adds: integer addition mod 2^64 is exact, associative and commutative, so the totals, hence the digests, do
 not depend on the tiling or the schedule. Only the totals (16 bytes per tensor) come back to the host.
 
-For a model's parameters host work, not the kernel, is the cost. So the launch table is kept for lists of
-tensors whose data pointers, shapes, strides, dtypes and conj/neg bits are unchanged since an earlier call
-(parameters keep their storage from step to step): a repeated call costs one key, one launch and one small
-copy back. A kept table holds raw pointers only, never the tensors, so it keeps no memory alive; it is valid
-for whatever tensors have that key, because the bytes are read at launch.
+For a model's parameters host work, not the kernel, is the cost. So a plan (launch table, result buffers, and
+from its first reuse a CUDA graph of zeroing, kernel and copy back) is kept per list of data pointers
+(parameters keep their storage from step to step). A call whose pointers match a kept plan replays it at
+once and, while the GPU works, checks the rest of what the plan depends on (byte lengths, contiguity,
+conj/neg bits); only then does it wait and read the result, or, on a mismatch, drop it and plan anew. A kept
+plan holds raw pointers only, never the tensors, so it keeps no memory alive; it is valid for whatever
+tensors have those pointers and that layout, because the bytes are read at launch.
 
 The mixing constants are literals in the kernel and must equal those in reference.py;
 `check_against_reference` (run once per device before first use), the tests and `bench/fingerprint.py
@@ -20,7 +22,8 @@ The mixing constants are literals in the kernel and must equal those in referenc
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,8 +35,9 @@ from .torch_impl import byte_view
 
 # Tensors are read in place only from 16-byte aligned addresses, so the kernel may use 128-bit loads.
 ALIGN = 16
-# Launch tables kept for this many distinct tensor lists (each is a few int64 per tensor and per tile).
-CACHE_SIZE = 64
+# Plans kept for this many distinct tensor lists, least recently used dropped first (each holds a few int64
+# per tensor and per tile, and a CUDA graph): enough for a loop that fingerprints ~150 tensors one by one.
+CACHE_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -43,9 +47,9 @@ class KernelConfig:
     With `prefetch` each program loads the next block while it mixes the current one (more bytes in flight).
     """
 
-    block: int = 1024
+    block: int = 512
     iters: int = 32
-    num_warps: int = 8
+    num_warps: int = 4
     prefetch: bool = False
 
     @property
@@ -53,8 +57,8 @@ class KernelConfig:
         return self.block * self.iters
 
 
-# 1024 words per block, up to 32 blocks (256 KiB) per program. bench/fingerprint.py times alternatives on
-# an H200 (docs/fingerprint.md): none is more than a few per cent faster.
+# 512 words per block, up to 32 blocks (128 KiB) per program, 4 warps: the fastest of the shapes that
+# bench/fingerprint.py times on an H200 (docs/fingerprint.md), a few per cent ahead of 1024 x 32 with 8 warps.
 CONFIG = KernelConfig()
 
 
@@ -130,9 +134,9 @@ def _fp1_kernel(t_addr, t_nbytes, t_prog0, prog_tensor, sums, BLOCK: tl.constexp
     tl.atomic_add(sums + 2 * i + 1, tl.sum(acc1, axis=0).to(tl.int64, bitcast=True))
 
 
-@dataclass
+@dataclass(eq=False)
 class Plan:
-    """Everything one launch needs; `copies` keeps copied tensors alive until the kernel is done."""
+    """Everything one launch needs, and the buffers it writes; `copies` keeps copied tensors alive."""
 
     config: KernelConfig
     programs: int
@@ -140,6 +144,12 @@ class Plan:
     args: tuple[torch.Tensor, ...]  # views of `table`, in the kernel's argument order
     len_mix: np.ndarray  # uint64[n, 2]: M_k(L XOR F_k) per tensor and lane, the length half of finalisation
     copies: list[torch.Tensor]  # non-empty: this plan holds per-call data and must not be kept
+    layout: tuple  # _layout() of the tensors planned: with their data pointers, what a kept plan must match
+    sums: torch.Tensor  # int64[n, 2] lane sums, on the device
+    host: torch.Tensor  # the same, copied back (pinned where the device is a GPU)
+    graph: torch.cuda.CUDAGraph | None = None  # zero, kernel and copy back, captured on the plan's first reuse
+    capturable: bool = True  # False once a capture failed: launch directly from then on
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one run at a time uses sums and host
 
 
 # Both lanes at once: column k of a uint64[n, 2] array goes through mixer M_k (same steps, other constants).
@@ -155,6 +165,18 @@ def _mix_lanes(z: np.ndarray) -> np.ndarray:
     z *= _MULS[1]
     z ^= z >> _SHIFTS[2]
     return z
+
+
+def _layout(tensors: list[torch.Tensor]) -> tuple:
+    """Besides the data pointers, all a launch table depends on: the bytes read are [ptr, ptr + nbytes).
+
+    Shape and dtype do not matter: a contiguous tensor's logical bytes are those bytes whatever its shape.
+    Nor does `t.layout`: only strided tensors have data pointers. One C++ call per tensor and property (map,
+    no tuple per tensor): about 0.1 us each.
+    """
+    T = torch.Tensor
+    return (tuple(t.nbytes for t in tensors), tuple(map(T.is_contiguous, tensors)), tuple(map(T.is_conj, tensors)),
+            tuple(map(T.is_neg, tensors)))  # fmt: skip
 
 
 def _readable_in_place(t: torch.Tensor) -> bool:
@@ -187,7 +209,8 @@ def plan(tensors: list[torch.Tensor], config: KernelConfig = CONFIG) -> Plan:
                            np.repeat(np.arange(n, dtype=np.int64), nprog)])  # fmt: skip
     src = torch.from_numpy(host)
     device = tensors[0].device
-    if device.type == "cuda":
+    pinned = device.type == "cuda"
+    if pinned:
         src = src.pin_memory()  # so the upload does not wait for the host; the allocator keeps it until done
     table = src.to(device, non_blocking=True)
     return Plan(
@@ -197,44 +220,76 @@ def plan(tensors: list[torch.Tensor], config: KernelConfig = CONFIG) -> Plan:
         args=(table[:n], table[n : 2 * n], table[2 * n : 3 * n], table[3 * n :]),
         len_mix=_mix_lanes(nb.astype(np.uint64)[:, None] ^ _LEN_KEYS),
         copies=copies,
+        layout=_layout(tensors),
+        sums=torch.empty((n, 2), dtype=torch.int64, device=device),
+        host=torch.empty((n, 2), dtype=torch.int64, pin_memory=pinned),
     )
 
 
 def launch(p: Plan) -> torch.Tensor:
-    """Run the kernel; returns the int64[tensors, 2] lane sums (still on the GPU)."""
-    sums = torch.zeros((len(p.len_mix), 2), dtype=torch.int64, device=p.table.device)
+    """Zero the lane sums and run the kernel; returns the int64[tensors, 2] lane sums (still on the GPU)."""
+    p.sums.zero_()
     if p.programs:
         c = p.config
         _fp1_kernel[(p.programs,)](
-            *p.args, sums, BLOCK=c.block, ITERS=c.iters, STEP0=(c.block * POS_MUL[0]) & MASK64,
+            *p.args, p.sums, BLOCK=c.block, ITERS=c.iters, STEP0=(c.block * POS_MUL[0]) & MASK64,
             STEP1=(c.block * POS_MUL[1]) & MASK64, PREFETCH=c.prefetch, num_warps=c.num_warps,
         )  # fmt: skip
-    return sums
+    return p.sums
 
 
-def digests(p: Plan, sums: torch.Tensor) -> list[str]:
-    """Copy the lane sums to the host and finalise them into digest strings."""
-    host = sums.to("cpu", non_blocking=True)  # into pinned memory: one small copy, then wait for it
-    if sums.is_cuda:
-        torch.cuda.current_stream(sums.device).synchronize()
-    h = _mix_lanes(host.numpy().view(np.uint64) ^ p.len_mix)
+def _launch_and_copy(p: Plan) -> None:
+    launch(p)
+    p.host.copy_(p.sums, non_blocking=True)
+
+
+def _capture(p: Plan) -> None:
+    """Capture zeroing, kernel and copy back as one CUDA graph: a replay costs the host a few microseconds
+    where launching them costs tens. Only for a plan that ran once already (so the kernel is compiled).
+
+    capture_begin/end on a side stream rather than `torch.cuda.graph`, which also empties the allocator's
+    cache and runs the garbage collector: a training loop should not pay for that.
+    """
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                _launch_and_copy(p)  # allocates nothing: every buffer belongs to the plan
+            finally:
+                graph.capture_end()
+    except RuntimeError as exc:  # e.g. the caller is capturing a graph itself: launch directly instead
+        p.capturable = False
+        warnings.warn(f"fingerprint: launching without a CUDA graph ({exc})", RuntimeWarning, stacklevel=4)
+        return
+    finally:
+        torch.cuda.current_stream().wait_stream(side)
+    p.graph = graph
+
+
+def run(p: Plan) -> None:
+    """Queue the lane sums and their copy to `p.host` on the current stream (call `digests` to read them)."""
+    if p.graph is not None:
+        p.graph.replay()
+    else:
+        _launch_and_copy(p)
+
+
+def digests(p: Plan) -> list[str]:
+    """Wait for the queued run and finalise its lane sums into digest strings."""
+    if p.sums.is_cuda:
+        torch.cuda.current_stream(p.sums.device).synchronize()
+    h = _mix_lanes(p.host.numpy().view(np.uint64) ^ p.len_mix)
     # One big-endian hex dump then slicing: h_0 then h_1, 32 hex digits per tensor.
     hexed = h.astype(">u8").tobytes().hex()
     return [f"{FP_VERSION}:{hexed[i : i + 32]}" for i in range(0, len(hexed), 32)]
 
 
-# (device, config, per-tensor key...) -> Plan without copies; insertion-ordered, the oldest goes first.
+# (device, config, data pointers) -> Plan without copies; in order of use, the least recently used first.
 _plans: dict[tuple, Plan] = {}
 _plans_lock = threading.Lock()
-
-
-def _cache_key(tensors: list[torch.Tensor], config: KernelConfig) -> tuple | None:
-    """What a launch table depends on; None if a tensor has no data pointer (plan() then says why)."""
-    try:
-        parts = tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_conj(), t.is_neg()) for t in tensors)
-    except RuntimeError:  # e.g. a sparse tensor
-        return None
-    return (tensors[0].device, config, parts)
 
 
 def clear_plan_cache() -> None:
@@ -243,22 +298,54 @@ def clear_plan_cache() -> None:
         _plans.clear()
 
 
+def _kept(key: tuple) -> Plan | None:
+    """The plan kept under key, if any, now counted as the most recently used."""
+    with _plans_lock:
+        p = _plans.pop(key, None)
+        if p is not None:
+            _plans[key] = p
+        return p
+
+
+def _keep(key: tuple, p: Plan) -> None:
+    with _plans_lock:
+        _plans[key] = p
+        while len(_plans) > CACHE_SIZE:
+            del _plans[next(iter(_plans))]
+
+
 def fingerprint_many_triton(tensors: list[torch.Tensor], config: KernelConfig = CONFIG) -> list[str]:
-    """fp1 digests of CUDA tensors that all live on one device, with a single kernel launch."""
+    """fp1 digests of CUDA tensors that all live on one device, with a single kernel launch.
+
+    A list whose data pointers match a kept plan is run first and checked against the plan's `_layout`
+    while the GPU works, since the check costs the host about as long as the kernel takes; on a mismatch
+    that result is dropped and the list is planned anew.
+    """
     if not tensors:
         return []
-    key = _cache_key(tensors, config)
-    p = _plans.get(key) if key is not None else None
+    try:
+        ptrs: tuple | None = tuple(map(torch.Tensor.data_ptr, tensors))
+    except RuntimeError:  # e.g. a sparse tensor: plan() says why
+        ptrs = None
+    key = (tensors[0].device, config, ptrs)
     with torch.cuda.device(tensors[0].device):
-        if p is None:
-            with torch.no_grad():
-                p = plan(tensors, config)
-            if key is not None and not p.copies:
-                with _plans_lock:
-                    _plans[key] = p
-                    while len(_plans) > CACHE_SIZE:
-                        del _plans[next(iter(_plans))]
-        return digests(p, launch(p))
+        kept = _kept(key) if ptrs is not None else None
+        if kept is not None:
+            with kept.lock:
+                if kept.graph is None and kept.capturable:
+                    _capture(kept)
+                run(kept)
+                if kept.layout == _layout(tensors):
+                    return digests(kept)
+                # Let the dropped run finish before the plan (its graph and pinned buffer) can be freed.
+                torch.cuda.current_stream().synchronize()
+        with torch.no_grad():
+            p = plan(tensors, config)
+        with p.lock:
+            run(p)
+            if ptrs is not None and not p.copies:
+                _keep(key, p)
+            return digests(p)
 
 
 def _check_cases(device: torch.device, tile: int) -> list[torch.Tensor]:
@@ -282,12 +369,13 @@ def check_against_reference(device: torch.device, config: KernelConfig = CONFIG)
     """Run the kernel on a few awkward tensors; None if it matches the reference, else what differed."""
     try:
         cases = _check_cases(device, config.tile)
-        together = fingerprint_many_triton(cases, config)
-        again = fingerprint_many_triton(cases, config)  # the kept plan, for the in-place ones
-        alone = [fingerprint_many_triton([c], config)[0] for c in cases]
+        together = fingerprint_many_triton(cases, config)  # holds copies: planned anew each call
+        # One by one, three times: the in-place ones are planned and kept, captured as a graph, replayed.
+        alone = [[fingerprint_many_triton([c], config)[0] for _ in range(3)] for c in cases]
     except Exception as exc:  # a broken Triton install must not break training runs: fall back, loudly
         return f"Triton kernel failed: {type(exc).__name__}: {exc}"
-    for case, *got in zip(cases, together, again, alone, strict=True):
+    for case, first, rest in zip(cases, together, alone, strict=True):
+        got = [first, *rest]
         want = fingerprint_bytes(byte_view(case).cpu().numpy().tobytes())
         if any(digest != want for digest in got):
             return f"Triton digests {got} != reference {want} for {case.dtype} {tuple(case.shape)}"
