@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -83,7 +83,7 @@ def fingerprint(tensor: torch.Tensor) -> str:
     return fingerprint_many([tensor])[0]
 
 
-def fingerprint_many(tensors: list[torch.Tensor]) -> list[str]:
+def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:
     """fp1 digests of a list of tensors; CUDA tensors on one device share one Triton launch."""
     from .torch_impl import fingerprint_torch
 

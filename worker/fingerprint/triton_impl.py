@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -167,7 +168,7 @@ def _mix_lanes(z: np.ndarray) -> np.ndarray:
     return z
 
 
-def _layout(tensors: list[torch.Tensor]) -> tuple:
+def _layout(tensors: Sequence[torch.Tensor]) -> tuple:
     """Besides the data pointers, all a launch table depends on: the bytes read are [ptr, ptr + nbytes).
 
     Shape and dtype do not matter: a contiguous tensor's logical bytes are those bytes whatever its shape.
@@ -189,7 +190,7 @@ def _readable_in_place(t: torch.Tensor) -> bool:
     )
 
 
-def plan(tensors: list[torch.Tensor], config: KernelConfig = CONFIG) -> Plan:
+def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG) -> Plan:
     """Lay tensors out as tiles and upload the launch table (the host side of a launch)."""
     addrs, nbytes, copies = [], [], []
     for t in tensors:
@@ -314,7 +315,7 @@ def _keep(key: tuple, p: Plan) -> None:
             del _plans[next(iter(_plans))]
 
 
-def fingerprint_many_triton(tensors: list[torch.Tensor], config: KernelConfig = CONFIG) -> list[str]:
+def fingerprint_many_triton(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG) -> list[str]:
     """fp1 digests of CUDA tensors that all live on one device, with a single kernel launch.
 
     A list whose data pointers match a kept plan is run first and checked against the plan's `_layout`
