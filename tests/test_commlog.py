@@ -44,6 +44,8 @@ def choice_tuples(parsed: dict) -> set[tuple]:
         ("rccl-2.18.3-gtest-warn-rccl908.log", "RCCL", "2.18.3", None),
         ("rccl-msccl-rocm6.0-rccl1137.log", "RCCL", None, None),
         ("synthetic-torn-torchrun-default-prefix.log", "NCCL", "2.10.3", None),
+        ("nccl-2.28.9-h200-w1-ddp-default-detlab.log", "NCCL", "2.28.9", 1),
+        ("nccl-2.28.9-h200-w1-ddp-tree-simple-1ch-detlab.log", "NCCL", "2.28.9", 1),
     ],
 )
 def test_fixture_library_version_nranks(name: str, library: str, version: str | None, nranks: int | None) -> None:
@@ -396,6 +398,29 @@ def test_check_invalid_value_notice() -> None:
     }]
     findings = check_effective({"NCCL_NCHANNELS_PER_NET_PEER": "abc"}, [parsed])
     assert ("invalid", "NCCL_NCHANNELS_PER_NET_PEER") in kinds(findings)
+
+
+def test_check_detlab_presets_on_one_h200_rank() -> None:
+    from backend.configs import PRESETS
+
+    default = facts("nccl-2.28.9-h200-w1-ddp-default-detlab.log")
+    recipe = facts("nccl-2.28.9-h200-w1-ddp-tree-simple-1ch-detlab.log")
+    assert (default["nchannels"], recipe["nchannels"]) == (64, 1)
+    assert recipe["env"]["NCCL_MAX_NCHANNELS"] == "1" and "NCCL_ALGO" not in recipe["env"]  # not echoed at 1 rank
+    requested = PRESETS["full-deterministic"][1]["env"]
+    assert check_effective(requested, [recipe]) == []
+    # The default run's log, read as if it had asked for the recipe: the recipe did not take effect.
+    flagged = set(kinds(check_effective(requested, [default])))
+    assert {("not-honoured", "NCCL_MAX_NCHANNELS"), ("not-honoured", "NCCL_MAX_CTAS")} <= flagged
+
+
+def test_an_ib_plugin_that_failed_is_not_the_network() -> None:
+    # NCCL 2.28 prints "NET/IB : Using [RO]; OOB ..." and then "Failed to initialize NET plugin IB".
+    lines = (FIXTURES / "nccl-2.28.9-h200-w1-ddp-default-detlab.log").read_text().splitlines()
+    without_using = [line for line in lines if "Using network" not in line]
+    assert parse("\n".join(without_using))["network"] == "Socket"  # from "Assigned NET plugin Socket to comm"
+    bare = [line for line in without_using if "Assigned NET plugin" not in line]
+    assert parse("\n".join(bare))["network"] == "Socket"  # from "NET/Socket : Using", not the failed IB
 
 
 def test_check_msccl_path() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from .lines import Record, records
 from .names import algo_name, proto_name
 from .patterns import (
+    _ASSIGNED_NET,
     _CHOICE,
     _COLL_CALL,
     _COLL_CHANNELS,
@@ -86,7 +87,7 @@ class _State:
         self.trees: dict[tuple[int, int], dict[str, Any]] = {}
         self.transports: list[str] = []
         self.networks: list[str] = []
-        self.ib_found = self.socket_found = False
+        self.ib_found = self.socket_found = self.ib_failed = False
         self.peers: list[tuple[int, str]] = []
         self.raw_choices: list[tuple[str | None, int, str, str, tuple[int, int] | None]] = []
         self.last_call: dict[str | None, tuple[str, int]] = {}
@@ -235,8 +236,15 @@ class _State:
         if m:
             self.networks.append(m[1].strip())
             return True
+        m = _ASSIGNED_NET.match(msg)
+        if m:
+            self.networks.append(m[1])
+            return True
         if re.match(r"NET/IB ?: Using \[", msg):
             self.ib_found = True
+        elif re.match(r"NET/IB ?: No device found|Failed to initialize NET plugin IB\b", msg):
+            # NCCL >= 2.2x still prints "NET/IB : Using [RO]; OOB ..." before giving up on IB
+            self.ib_failed = True
         elif re.match(r"NET/Socket ?: Using \[?", msg):
             self.socket_found = True
         elif _MSCCL.search(msg) and not re.search(r"disabl|not enabled", msg, re.I):
@@ -308,7 +316,7 @@ class _State:
         nets = [t.split("/", 1)[1] for t in self.transports if t.startswith("NET/")]
         if nets:
             return nets[0]
-        if self.ib_found:
+        if self.ib_found and not self.ib_failed:
             return "IB"
         if self.socket_found:
             return "Socket"
