@@ -50,7 +50,8 @@ def _as_device(device: Any) -> torch.device:
 def _triton_ready(device: torch.device) -> bool:
     import torch
 
-    if device.type != "cuda" or not torch.cuda.is_available() or torch.version.hip is not None:
+    # ROCm builds of torch call their GPUs "cuda" too; Triton runs there, behind the same self-check.
+    if device.type != "cuda" or not torch.cuda.is_available():
         return False
     if os.environ.get(_TRITON_ENV) == "0":
         return False
