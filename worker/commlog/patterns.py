@@ -27,7 +27,7 @@ _TRANSPORT = re.compile(
 )
 _PEER = re.compile(r"\b(\d+)\[([0-9a-fA-F]+)\] -> (\d+)\[([0-9a-fA-F]+)\]")
 _NETWORK = re.compile(r"^Using network (.+)$")
-_ASSIGNED_NET = re.compile(r"^Assigned NET plugin (\S+) to comm\b")  # NCCL 2.2x, before "Using network"
+_ASSIGNED_NET = re.compile(r"^Assigned NET plugin (.+?) to comm\b")  # NCCL 2.2x, before "Using network"
 _TREES = re.compile(r"^Trees((?: \[\d+\] \S+)+)")
 _TREE_ITEM = re.compile(r"\[(\d+)\] (\S+)")
 _CHOICE = re.compile(
