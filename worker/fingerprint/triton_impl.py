@@ -147,7 +147,7 @@ class Plan:
     copies: list[torch.Tensor]  # non-empty: this plan holds per-call data and must not be kept
     layout: tuple  # _layout() of the tensors planned: with their data pointers, what a kept plan must match
     sums: torch.Tensor  # int64[n, 2] lane sums, on the device
-    host: torch.Tensor  # the same, copied back (pinned where the device is a GPU)
+    host: torch.Tensor  # the same, copied back into pinned memory
     graph: torch.cuda.CUDAGraph | None = None  # zero, kernel and copy back, captured on the plan's first reuse
     capturable: bool = True  # False once a capture failed: launch directly from then on
     lock: threading.Lock = field(default_factory=threading.Lock)  # one run at a time uses sums and host
@@ -208,12 +208,9 @@ def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG) -> Plan
     programs = int(nprog.sum())
     host = np.concatenate([np.array(addrs, dtype=np.int64), nb, np.cumsum(nprog) - nprog,
                            np.repeat(np.arange(n, dtype=np.int64), nprog)])  # fmt: skip
-    src = torch.from_numpy(host)
     device = tensors[0].device
-    pinned = device.type == "cuda"
-    if pinned:
-        src = src.pin_memory()  # so the upload does not wait for the host; the allocator keeps it until done
-    table = src.to(device, non_blocking=True)
+    # Pinned, so the upload does not wait for the host; the allocator keeps it until the copy is done.
+    table = torch.from_numpy(host).pin_memory().to(device, non_blocking=True)
     return Plan(
         config=config,
         programs=programs,
@@ -223,7 +220,7 @@ def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG) -> Plan
         copies=copies,
         layout=_layout(tensors),
         sums=torch.empty((n, 2), dtype=torch.int64, device=device),
-        host=torch.empty((n, 2), dtype=torch.int64, pin_memory=pinned),
+        host=torch.empty((n, 2), dtype=torch.int64, pin_memory=True),
     )
 
 
@@ -280,8 +277,7 @@ def run(p: Plan) -> None:
 
 def digests(p: Plan) -> list[str]:
     """Wait for the queued run and finalise its lane sums into digest strings."""
-    if p.sums.is_cuda:
-        torch.cuda.current_stream(p.sums.device).synchronize()
+    torch.cuda.current_stream(p.sums.device).synchronize()
     h = _mix_lanes(p.host.numpy().view(np.uint64) ^ p.len_mix)
     # One big-endian hex dump then slicing: h_0 then h_1, 32 hex digits per tensor.
     hexed = h.astype(">u8").tobytes().hex()
