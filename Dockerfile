@@ -12,11 +12,12 @@ FROM ${PYTHON_IMAGE} AS api
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml ./
+COPY detlab ./detlab
 COPY backend ./backend
 COPY worker ./worker
 COPY frontend ./frontend
 COPY migrations ./migrations
-RUN pip install . && cd / && rm -rf /src \
+RUN pip install '.[server]' && cd / && rm -rf /src \
  && useradd --create-home --uid 10001 detlab
 USER detlab
 WORKDIR /home/detlab
@@ -27,11 +28,12 @@ FROM ${TORCH_IMAGE} AS worker
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml ./
+COPY detlab ./detlab
 COPY backend ./backend
 COPY worker ./worker
 COPY frontend ./frontend
 COPY migrations ./migrations
-# Everything pyproject asks for (core + worker extra) except torch, read from pyproject so the two
+# Everything pyproject asks for (base + worker extra) except torch, read from pyproject so the two
 # never drift; then detlab itself with --no-deps, so pip cannot swap the image's CUDA torch for a
 # PyPI build. The last check fails the build if that happened anyway.
 RUN python -c "import re, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \

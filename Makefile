@@ -15,7 +15,7 @@ test: $(VENV)/.installed services
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy backend worker
+	$(VENV)/bin/mypy detlab backend worker
 
 services:
 	bash scripts/test-services.sh
@@ -25,5 +25,5 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[worker,dev]'
+	$(PY) -m pip install -q -e '.[server,worker,dev]'
 	touch $@

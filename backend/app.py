@@ -11,10 +11,10 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-import frontend
-from backend.api import ingest, jobs, meta
-from backend.limits import BodyLimit
-from backend.settings import get_settings
+from detlab import frontend
+from detlab.backend.api import ingest, jobs, meta
+from detlab.backend.limits import BodyLimit
+from detlab.core.settings import get_settings
 
 FRONTEND = Path(frontend.__file__).parent
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -27,7 +27,7 @@ def create_app(*, reconciler: bool = True) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         thread = None
         if reconciler:
-            from backend.reconcile import ReconcilerThread
+            from detlab.backend.services.reconcile import ReconcilerThread
 
             thread = ReconcilerThread(settings)
             thread.start()

@@ -8,7 +8,7 @@ from functools import lru_cache
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.settings import get_settings
+from detlab.core.settings import get_settings
 
 
 def make_engine(url: str) -> Engine:

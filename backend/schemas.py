@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
+
 
 class BitFlip(BaseModel):
     """Fault injection: flip one bit of one tensor on one rank after a step (to validate detection)."""
@@ -16,16 +18,14 @@ class BitFlip(BaseModel):
     rank: int = Field(default=0, ge=0)
 
 
-CollectiveOp = Literal["all_reduce_sum", "all_reduce_avg", "all_gather", "reduce_scatter", "broadcast"]
-CollectiveDtype = Literal["float32", "bfloat16", "float16"]
 
 
 class CollectiveParams(BaseModel):
     """What a `collective` run measures: ops × dtypes × message sizes, T trials each."""
 
     model_config = ConfigDict(extra="forbid")
-    ops: list[CollectiveOp] = Field(default=["all_reduce_sum"], min_length=1, max_length=5)
-    dtypes: list[CollectiveDtype] = Field(default=["float32"], min_length=1, max_length=3)
+    ops: list[CollectiveOp] = Field(default=["all_reduce_sum"], min_length=1, max_length=len(OPS))
+    dtypes: list[CollectiveDtype] = Field(default=["float32"], min_length=1, max_length=len(DTYPES))
     min_bytes: int = Field(default=4096, ge=64, le=1 << 33)
     max_bytes: int = Field(default=1 << 20, ge=64, le=1 << 33)
     step_factor: int = Field(default=4, ge=2, le=1024)

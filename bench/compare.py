@@ -19,10 +19,11 @@ from pathlib import Path
 from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend import compare, comparisons
-from backend.db import make_engine
-from backend.jobs import load_job
-from backend.models import Base, Config, Job, Run, StepRecord, TensorMeta
+from detlab.backend.db import make_engine
+from detlab.backend.models import Base, Config, Job, Run, StepRecord, TensorMeta
+from detlab.backend.reports import train as comparisons
+from detlab.backend.services.jobs import load_job
+from detlab.core import train as compare
 
 
 def populate(session: Session, steps: int, ranks: int, tensors: int) -> int:

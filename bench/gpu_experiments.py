@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from worker.runner import free_port
+from detlab.worker.runner import free_port
 
 SWEEP_KNOBS = {"NCCL_ALGO": [None, "Ring", "Tree"], "NCCL_PROTO": [None, "LL", "LL128", "Simple"],
                "channels": [None, "1"]}
@@ -56,7 +56,7 @@ def start_server(state: Path, out: Path, keep: bool) -> tuple[str, subprocess.Po
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "DETLAB_RUN_STALE_AFTER_S": "120"}
-    up = subprocess.Popen([sys.executable, "-m", "backend.cli", "up", "--port", str(port), "--data-dir",
+    up = subprocess.Popen([sys.executable, "-m", "detlab.cli", "up", "--port", str(port), "--data-dir",
                            str(state / "data")], env=env, stdout=(out / "up.log").open("w"),
                           stderr=subprocess.STDOUT, start_new_session=keep)
     end = time.monotonic() + 120

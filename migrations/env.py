@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from alembic import context
 
-from backend.db import make_engine
-from backend.models import Base
-from backend.settings import get_settings
+from detlab.backend.db import make_engine
+from detlab.backend.models import Base
+from detlab.core.settings import get_settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or get_settings().resolved_database_url()

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from worker import fingerprint as fp
+from detlab.worker import fingerprint as fp
 
 
 class CheckpointError(ValueError):

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backend.configs import env_error
-from worker.client import IngestClient, Stale
+from detlab.core.configs import env_error
+from detlab.worker.client import IngestClient, Stale
 
 BATCH = 200
 POLL_S = 0.2
-RANK_PROGRAMS = {"train": "worker.rank", "collective": "worker.collective"}
+RANK_PROGRAMS = {"train": "detlab.worker.ranks.train", "collective": "detlab.worker.ranks.collective"}
 # A log over this is cut to its head and tail: INIT facts sit at the top, the last TUNING lines at the end.
 LOG_CAP_BYTES = 8 << 20
 NCCL_DEBUG_DEFAULTS = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}

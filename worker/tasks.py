@@ -6,15 +6,18 @@ import logging
 import socket
 import threading
 
+from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
-from backend.queue import EXECUTE_RUN, celery_app
-from backend.settings import get_settings
-from worker import runner
-from worker.client import IngestClient
+from detlab.core.broker import EXECUTE_RUN, celery_conf
+from detlab.core.settings import get_settings
+from detlab.worker import runner
+from detlab.worker.client import IngestClient
+from detlab.worker.workloads import describe
 
 log = logging.getLogger(__name__)
-app = celery_app()
+app = Celery("detlab")
+app.conf.update(celery_conf(get_settings()))
 _stop = threading.Event()
 
 
@@ -37,9 +40,10 @@ def execute_run(self, run_id: int) -> str:  # type: ignore[no-untyped-def]
 def _beat() -> None:
     settings = get_settings()
     client = IngestClient(settings.api_url, settings.resolved_ingest_token(), retries=0)
+    info = {"workloads": [w.model_dump() for w in describe()]}  # what this node can run
     while not _stop.wait(settings.heartbeat_interval_s):
         try:
-            client.heartbeat(worker_name(), settings.queue, runner.CURRENT.run_id, runner.CURRENT.attempt)
+            client.heartbeat(worker_name(), settings.queue, runner.CURRENT.run_id, runner.CURRENT.attempt, info)
         except Exception as exc:  # noqa: BLE001 - the API may be restarting; keep beating
             log.warning("heartbeat failed: %s", exc)
 

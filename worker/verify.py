@@ -1,6 +1,6 @@
 """`detlab verify-collective`: the collective reproducibility check on this machine, no server needed.
 
-Spawns `--world-size` ranks of `python -m worker.collective` (gloo on CPU, nccl with one GPU per rank),
+Spawns `--world-size` ranks of `python -m detlab.worker.ranks.collective` (gloo on CPU, nccl with one GPU per rank),
 or, when started under torchrun (RANK and WORLD_SIZE set), runs as one of its ranks and gathers the
 records to every rank. Prints an nccl-tests-style table with digest columns, or one JSON object with
 `--json` (summary + an nccl-tests `-J`-shaped export). Exit 0 when every (op, dtype, size) gave one
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.collective_stats import DTYPE_BYTES, OPS, format_table, nccl_tests_json, summarize, verdict
-from worker.runner import SpoolReader, free_port
+from detlab.core.collective import DTYPE_BYTES, OPS, format_table, nccl_tests_json, summarize, verdict
+from detlab.worker.runner import SpoolReader, free_port
 
 MAX_SIZES = 24
 ENV_PREFIXES = ("NCCL_", "RCCL_", "CUBLAS_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCH_NCCL_")
@@ -109,7 +109,7 @@ def sizes(args: argparse.Namespace) -> list[int]:
 
 
 def build_spec(args: argparse.Namespace, spool_dir: str | None) -> dict[str, Any]:
-    """The worker.collective spec for these arguments."""
+    """The detlab.worker.ranks.collective spec for these arguments."""
     return {"ops": args.ops, "dtypes": args.dtypes, "sizes": sizes(args), "trials": args.trials,
             "warmup": args.warmup, "seed": args.seed, "threads": args.threads, "spool_dir": spool_dir,
             "device": "cuda" if args.backend == "nccl" else "cpu", "ref_max_elems": args.ref_max_elems}
@@ -130,7 +130,7 @@ def _rank_env(rank: int, world_size: int, port: int, threads: int | None) -> dic
 
 
 def launch(spec: dict[str, Any], world_size: int, *, timeout_s: float = 600.0) -> list[dict[str, Any]]:
-    """Spawn `world_size` ranks of worker.collective torchrun-style; returns every record they spooled."""
+    """Spawn `world_size` ranks of detlab.worker.ranks.collective torchrun-style; returns every record they spooled."""
     with tempfile.TemporaryDirectory(prefix="detlab-verify-") as tmp:
         folder = Path(tmp)
         spec_path = folder / "spec.json"
@@ -140,7 +140,7 @@ def launch(spec: dict[str, Any], world_size: int, *, timeout_s: float = 600.0) -
             for rank in range(world_size):
                 env = _rank_env(rank, world_size, port, spec.get("threads"))
                 with (folder / f"rank{rank}.stderr").open("wb") as err:
-                    procs.append(subprocess.Popen([sys.executable, "-m", "worker.collective", str(spec_path)],
+                    procs.append(subprocess.Popen([sys.executable, "-m", "detlab.worker.ranks.collective", str(spec_path)],
                                                   env=env, stdout=err, stderr=subprocess.STDOUT))
             deadline = time.monotonic() + timeout_s
             while True:
@@ -167,7 +167,7 @@ def _in_process(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Run as one torchrun rank; every rank gets every rank's records."""
     import torch.distributed as dist
 
-    from worker import collective
+    from detlab.worker.ranks import collective
 
     mine = collective.run(spec, finalize=False)
     everyone: list[Any] = [None] * dist.get_world_size()

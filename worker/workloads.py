@@ -1,29 +1,34 @@
 """Built-in workloads. Each keeps a fixed global batch that ranks split evenly, so runs at different
 world sizes compute the same mathematics up to reduction order.
 
-Registered through the `detlab.workloads` entry-point group; teams add theirs the same way. Class
-attributes are read without torch (the backend lists workloads); torch is imported in methods only.
+Registered through the `detlab.workloads` entry-point group; teams add theirs the same way and the
+worker advertises them to the server in its heartbeat. The built-ins' descriptions live in the core
+(`detlab.core.workloads`), which the server reads without importing this module.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
+
+from detlab.core.workloads import BUILTIN, GROUP, WorkloadInfo
 
 if TYPE_CHECKING:
     import torch
 
-GROUP = "detlab.workloads"
-
-
 class Workload(ABC):
     """Base class: build a model, make the global batch of a step, compute the loss of a slice."""
 
-    name = ""
-    description = ""
-    global_batch = 32
-    default_steps = 20
+    info: ClassVar[WorkloadInfo]
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def global_batch(self) -> int:
+        return self.info.global_batch
 
     @abstractmethod
     def build(self) -> torch.nn.Module:
@@ -46,10 +51,7 @@ def _generator(seed: int, step: int) -> torch.Generator:
 
 
 class MLP(Workload):
-    name = "mlp"
-    description = "3-layer MLP (64 -> 512 -> 512 -> 10) on synthetic Gaussian data, cross-entropy"
-    global_batch = 64
-    default_steps = 20
+    info = BUILTIN["mlp"]
 
     def build(self) -> torch.nn.Module:
         from torch import nn
@@ -72,10 +74,7 @@ class MLP(Workload):
 
 
 class TinyLM(Workload):
-    name = "tiny-lm"
-    description = "2-layer causal transformer LM (d=64, 4 heads, vocab 256, context 32) on synthetic tokens"
-    global_batch = 16
-    default_steps = 20
+    info = BUILTIN["tiny-lm"]
     vocab, context, width = 256, 32, 64
 
     def build(self) -> torch.nn.Module:
@@ -118,11 +117,7 @@ class TinyLM(Workload):
 
 
 class Scatter(Workload):
-    name = "scatter"
-    description = ("message passing with index_add_ and index_put_(accumulate=True): nondeterministic on "
-                   "CUDA (and index_put_ on multi-threaded CPU) unless deterministic algorithms are on")
-    global_batch = 8
-    default_steps = 20
+    info = BUILTIN["scatter"]
     nodes, edges, width = 2048, 16384, 32
 
     def build(self) -> torch.nn.Module:
@@ -180,6 +175,6 @@ def registry() -> dict[str, type[Workload]]:
     return found
 
 
-def describe() -> list[dict[str, Any]]:
-    return [{"name": name, "description": cls.description, "default_steps": cls.default_steps,
-             "global_batch": cls.global_batch} for name, cls in sorted(registry().items())]
+def describe() -> list[WorkloadInfo]:
+    """What this worker can run, as the server is told in heartbeats."""
+    return [cls.info.model_copy(update={"name": name}) for name, cls in sorted(registry().items())]

@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Request
 from sqlalchemy.orm import Session
 
-from backend.db import get_session
-from backend.settings import Settings, get_settings
+from detlab.backend.db import get_session
+from detlab.core.settings import Settings, get_settings
 
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

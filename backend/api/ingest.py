@@ -8,10 +8,10 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 
-from backend import ingest
-from backend.api.deps import IngestAuth, SessionDep, SettingsDep
-from backend.models import Run
-from backend.schemas import Claim, CommLogUpload, Finish, Heartbeat, RecordsBatch
+from detlab.backend.api.deps import IngestAuth, SessionDep, SettingsDep
+from detlab.backend.models import Run
+from detlab.backend.schemas import Claim, CommLogUpload, Finish, Heartbeat, RecordsBatch
+from detlab.backend.services import ingest, workers
 
 router = APIRouter(prefix="/api/v1/ingest", tags=["ingest"], dependencies=[IngestAuth])
 
@@ -71,6 +71,6 @@ def finish_run(run_id: int, body: Finish, session: SessionDep) -> dict[str, str]
 
 @router.post("/heartbeat")
 def heartbeat(beat: Heartbeat, session: SessionDep) -> dict[str, bool]:
-    ingest.heartbeat(session=session, beat=beat)
+    workers.heartbeat(session=session, beat=beat)
     session.commit()
     return {"ok": True}

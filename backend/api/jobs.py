@@ -10,12 +10,16 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 
-from backend import charts, collectives, comparisons, jobs
-from backend.api.deps import CurrentUser, SessionDep, SettingsDep
-from backend.models import FINISHED, CommLog, Run, utcnow
-from backend.queue import dispatch
-from backend.schemas import JobCreate, JobRead, JobsPage
-from worker import commlog
+from detlab.backend.api.deps import CurrentUser, SessionDep, SettingsDep
+from detlab.backend.figures import collective as collective_figures
+from detlab.backend.figures import train as train_figures
+from detlab.backend.models import FINISHED, CommLog, Run, utcnow
+from detlab.backend.reports import collective as collective_report
+from detlab.backend.reports import train as train_report
+from detlab.backend.schemas import JobCreate, JobRead, JobsPage
+from detlab.backend.services import jobs
+from detlab.backend.services.dispatch import dispatch
+from detlab.core import commlog
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -73,7 +77,7 @@ def _comparison(job_id: int, session: SessionDep) -> dict[str, Any]:
         _FINISHED_COMPARISONS.move_to_end(key)
         return _FINISHED_COMPARISONS[key]
     job = _job_or_404(session, job_id)
-    result = comparisons.build(session=session, job=job)
+    result = train_report.build(session=session, job=job)
     if result is None:
         raise HTTPException(404, f"job {job_id} has no recorded steps yet")
     if job.status in FINISHED:
@@ -90,16 +94,16 @@ def read_comparison(job_id: int, session: SessionDep) -> dict[str, Any]:
 
 @router.get("/{job_id}/comparison/figure")
 def read_comparison_figure(job_id: int, session: SessionDep) -> dict[str, Any]:
-    return charts.comparison_figure(_comparison(job_id, session))
+    return train_figures.comparison_figure(_comparison(job_id, session))
 
 
 @router.get("/{job_id}/throughput/figure")
 def read_throughput_figure(job_id: int, session: SessionDep) -> dict[str, Any]:
-    return charts.throughput_figure(_comparison(job_id, session))
+    return train_figures.throughput_figure(_comparison(job_id, session))
 
 
 def _collective(job_id: int, session: SessionDep) -> dict[str, Any]:
-    result = collectives.build(session=session, job=_job_or_404(session, job_id))
+    result = collective_report.build(session=session, job=_job_or_404(session, job_id))
     if result is None:
         raise HTTPException(404, f"job {job_id} has no collective trials yet")
     return result
@@ -112,9 +116,7 @@ def read_collective(job_id: int, session: SessionDep) -> dict[str, Any]:
 
 @router.get("/{job_id}/collective/figures")
 def read_collective_figures(job_id: int, session: SessionDep) -> dict[str, Any]:
-    from backend.collective_charts import collective_figures
-
-    return collective_figures(_collective(job_id, session))
+    return collective_figures.collective_figures(_collective(job_id, session))
 
 
 runs_router = APIRouter(prefix="/api/v1/runs", tags=["runs"])

@@ -8,10 +8,11 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from backend import configs, findings
-from backend.api.deps import SessionDep, SettingsDep
-from backend.ingest import live_workers
-from worker.workloads import describe
+from detlab.backend.api.deps import SessionDep, SettingsDep
+from detlab.backend.reports import findings
+from detlab.backend.services.workers import known_workloads, live_workers
+from detlab.core import configs
+from detlab.core.workloads import WorkloadInfo
 
 router = APIRouter(prefix="/api/v1", tags=["meta"])
 
@@ -36,9 +37,10 @@ def health(session: SessionDep, settings: SettingsDep) -> JSONResponse:
     return JSONResponse(body, status_code=200 if workers else 503)
 
 
-@router.get("/workloads")
-def workloads() -> list[dict[str, Any]]:
-    return describe()
+@router.get("/workloads", response_model=list[WorkloadInfo])
+def workloads(session: SessionDep) -> list[WorkloadInfo]:
+    """Built-in workloads and those the workers have advertised."""
+    return sorted(known_workloads(session=session).values(), key=lambda w: w.name)
 
 
 @router.get("/presets")

@@ -1,0 +1,1 @@
+"""Plotly figures per job kind, built in Python."""

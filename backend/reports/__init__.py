@@ -1,0 +1,1 @@
+"""Results per job kind (train, collective) and the team history (findings)."""

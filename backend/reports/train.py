@@ -1,0 +1,122 @@
+"""The result of a `train` job: its runs loaded from the database and compared (the logic is in
+detlab.core.train)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from detlab.backend.models import SUCCEEDED, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
+from detlab.backend.services.jobs import job_configs
+from detlab.core import commlog, configs
+from detlab.core import train as compare
+
+# Packed per-tensor digests are loaded for the first divergent step and at most this many others:
+# model digests tell equal from different steps, so 100k steps never load 100k packed rows.
+DETAIL_STEPS = 200
+
+
+def load_run(*, session: Session, run: Run, workload: str) -> compare.RunData:
+    """A run's step records with model digests only (packed digests come later, where needed)."""
+    tensors = session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index))
+    data = compare.RunData(run_id=run.id, workload=workload, world_size=run.world_size,
+                           tensors=[(t.name, list(t.shape), t.dtype) for t in tensors])
+    # Core rows, not ORM rows: a long run has hundreds of thousands of them.
+    rows = session.connection().execute(select(
+        StepRecord.step, StepRecord.rank, StepRecord.model_digest, StepRecord.loss, StepRecord.step_time_s,
+        StepRecord.fp_version).where(StepRecord.run_id == run.id)).all()
+    data.records = {(step, rank): compare.StepData(None, loss, seconds, digest)
+                    for step, rank, digest, loss, seconds, _ in rows}
+    data.fp_versions = {row[5] for row in rows} or data.fp_versions
+    return data
+
+
+def load_detail(*, session: Session, runs: list[compare.RunData], steps: list[int]) -> None:
+    """Fill in the packed per-tensor digests of these steps."""
+    for data in runs:
+        rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.digests).where(
+            StepRecord.run_id == data.run_id, StepRecord.step.in_(steps)))
+        for step, rank, digests in rows:
+            data.records[(step, rank)].digests = bytes(digests)
+
+
+def detail_steps(differing: list[int]) -> list[int]:
+    """The first divergent step and an even sample of the later ones."""
+    if len(differing) <= DETAIL_STEPS:
+        return differing
+    stride = len(differing) / DETAIL_STEPS
+    return sorted({differing[0], *(differing[int(i * stride)] for i in range(DETAIL_STEPS))})
+
+
+def effective_mismatches(*, session: Session, runs: list[Run]) -> list[dict[str, Any]]:
+    """Requested vs effective knobs, per run and rank: a recipe that did not take effect is flagged."""
+    out = []
+    by_id = {r.id: r for r in runs}
+    for env in session.scalars(select(RankEnv).where(RankEnv.run_id.in_(by_id)).order_by(RankEnv.run_id, RankEnv.rank)):
+        body = by_id[env.run_id].config.body
+        checks = [(f"env.{k}", v, env.effective_env.get(k)) for k, v in body["env"].items()]
+        checks += [(f"torch.{k}", v, env.torch_flags.get(k)) for k, v in body["torch"].items()]
+        if body.get("threads"):
+            checks.append(("threads", body["threads"], env.torch_flags.get("num_threads")))
+        out += [{"run_id": env.run_id, "rank": env.rank, "key": key, "requested": want, "effective": got}
+                for key, want, got in checks if want != got]
+    return out + log_flags(session=session, runs=runs)
+
+
+def log_flags(*, session: Session, runs: list[Run]) -> list[dict[str, Any]]:
+    """What the NCCL/RCCL logs say the library did, against what each run's config asked for."""
+    logs: dict[int, list[dict[str, Any]]] = {}
+    for log in session.scalars(select(CommLog).where(CommLog.run_id.in_([r.id for r in runs])).order_by(CommLog.rank)):
+        logs.setdefault(log.run_id, []).append(log.parsed)
+    return [{"run_id": run.id, "rank": None, **flag, "key": f"nccl.{flag['key']}"}
+            for run in runs if run.id in logs for flag in commlog.check_effective(run.config.body["env"], logs[run.id])]
+
+
+ENV_FACTS = ("host", "device", "driver", "cuda", "hip", "torch", "nccl", "backend")
+
+
+def environment(*, session: Session, run_a: int, run_b: int) -> list[dict[str, Any]]:
+    """The stack each compared run ran on (its lowest rank), fact by fact, with differences marked:
+    two runs that part may simply have run on different hardware or library versions."""
+    first: dict[int, RankEnv] = {}
+    for env in session.scalars(select(RankEnv).where(RankEnv.run_id.in_([run_a, run_b])).order_by(RankEnv.rank)):
+        first.setdefault(env.run_id, env)
+    facts = []
+    for key in ENV_FACTS:
+        a, b = (getattr(first[r], key) if r in first else None for r in (run_a, run_b))
+        facts.append({"key": key, "a": a, "b": b, "differs": a != b})
+    return facts
+
+
+def build(*, session: Session, job: Job) -> dict[str, Any] | None:
+    """The comparison of a job's first two configs, or None while nothing is recorded yet."""
+    cfgs = job_configs(session=session, job=job)
+    groups: dict[int, list[compare.RunData]] = {}
+    runs_by_index: dict[int, list[Run]] = {}
+    for run in sorted(job.runs, key=lambda r: (r.config_index, r.repeat)):
+        runs_by_index.setdefault(run.config_index, []).append(run)
+        groups.setdefault(run.config_index, []).append(load_run(session=session, run=run, workload=job.workload))
+    if not any(d.records for g in groups.values() for d in g):
+        return None
+    if len(cfgs) >= 2:
+        a, b = groups[0][0], groups[1][0]
+        load_detail(session=session, runs=[a, b], steps=detail_steps(compare.differing_steps(a, b)))
+        result = compare.compare_runs(a, b)
+        result["config_diff"] = configs.diff(cfgs[0].body, cfgs[1].body)
+        result["environment"] = environment(session=session, run_a=a.run_id, run_b=b.run_id)
+    else:
+        result = {"verdict": None, "reason": "a single config: see the reproducibility of its repeats",
+                  "config_diff": []}
+    batch = int(job.params.get("global_batch", 1))
+    thr = {i: compare.throughput([d for d, r in zip(groups[i], runs_by_index[i], strict=True)
+                                  if r.status == SUCCEEDED], batch) for i in groups}
+    baseline = thr[0]["samples_per_s"]
+    result["throughput"] = [{"config_index": i, "name": cfgs[i].name, **t,
+                             "cost": None if i == 0 else compare.cost(t["samples_per_s"], baseline)}
+                            for i, t in sorted(thr.items())]
+    result["reproducibility"] = [{"config_index": i, "name": cfgs[i].name, **compare.reproducibility(g)}
+                                 for i, g in sorted(groups.items())]
+    result["effective_mismatches"] = effective_mismatches(session=session, runs=list(job.runs))
+    return result

@@ -1,0 +1,1 @@
+"""Lifecycle services: jobs, ingest, reconcile, dispatch. Routes own the transaction; these only flush."""

@@ -1,0 +1,207 @@
+"""Jobs and their runs: creation from a validated request, status roll-up, read models."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from detlab.backend.models import FAILED, FINISHED, QUEUED, RUNNING, SUCCEEDED, Config, Job, Run, utcnow
+from detlab.backend.schemas import CollectiveParams, JobCreate
+from detlab.backend.services.workers import known_workloads
+from detlab.core import configs
+from detlab.core.settings import Settings
+from detlab.core.workloads import WorkloadInfo
+
+
+class InvalidJob(ValueError):
+    """A job request that cannot run; the message says what to change."""
+
+
+def explain(exc: ValueError) -> str:
+    """A validation error as one line a user can act on (no pydantic boilerplate)."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in exc.errors())
+    return str(exc)
+
+
+def get_or_create_config(*, session: Session, body: configs.ConfigBody) -> Config:
+    digest = configs.content_hash(body)
+    found = session.scalars(select(Config).where(Config.name == body.name, Config.hash == digest)).first()
+    if found:
+        return found
+    config = Config(name=body.name, hash=digest, body=body.model_dump())
+    session.add(config)
+    session.flush()
+    return config
+
+
+MAX_SWEEP_CELLS = 64
+CHANNEL_VARS = ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS")
+
+
+def _cell_name(values: dict[str, str | None]) -> str:
+    parts = [f"{k.removeprefix('NCCL_').removeprefix('RCCL_').lower().replace('_', '')}-{v}"
+             for k, v in values.items() if v is not None]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", ".".join(parts) or "default")
+    return name if len(name) <= 64 else f"{name[:55]}.{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
+def expand_sweep(base: configs.ConfigBody, knobs: dict[str, list[str | None]]) -> list[configs.ConfigBody]:
+    """One config per cell of the cartesian product of knob values; None leaves the knob at its default."""
+    problems = []
+    for name, values in knobs.items():
+        if not values:
+            problems.append(f"{name}: give at least one value (null = the library default)")
+        for value in values:
+            if value is None:
+                continue
+            names = CHANNEL_VARS if name == "channels" else (name,)
+            problems += [p for t in names if (p := configs.env_error(t, value))]
+    if problems:
+        raise InvalidJob("sweep knobs: " + "; ".join(problems))
+    cells = list(itertools.product(*knobs.values()))
+    if len(cells) > MAX_SWEEP_CELLS:
+        raise InvalidJob(f"the sweep has {len(cells)} cells; at most {MAX_SWEEP_CELLS}")
+    def targets(knob: str) -> tuple[str, ...]:
+        return CHANNEL_VARS if knob == "channels" else (knob,)
+
+    swept = {t for knob in knobs for t in targets(knob)}
+    out = []
+    for cell in cells:
+        chosen = dict(zip(knobs, cell, strict=True))
+        env = {k: v for k, v in base.env.items() if k not in swept}  # a swept knob's default is unset
+        env.update({t: v for knob, v in chosen.items() if v is not None for t in targets(knob)})
+        out.append(base.model_copy(update={"env": env, "name": _cell_name(chosen)}))
+    return out
+
+
+def _validate(data: JobCreate, settings: Settings,
+              workloads: dict[str, WorkloadInfo]) -> tuple[str, int, list[configs.ConfigBody]]:
+    """Checks a request against the known workloads and the limits; returns (workload, steps, configs).
+
+    Limits are checked on what each run will use: a config's own world_size overrides the job's."""
+    if data.repeats > settings.max_repeats:
+        raise InvalidJob(f"repeats must be <= {settings.max_repeats}")
+    bodies = []
+    for i, ref in enumerate(data.configs):
+        try:
+            bodies.append(configs.resolve(ref))
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise InvalidJob(f"config {i}: {explain(exc)}") from exc
+    worlds = [body.world_size or data.world_size for body in bodies]
+    if max(worlds) > settings.max_world_size:
+        where = "world_size" if data.world_size > settings.max_world_size else \
+            f"config {worlds.index(max(worlds))} ({bodies[worlds.index(max(worlds))].name}): world_size"
+        raise InvalidJob(f"{where} is {max(worlds)}; this server runs at most {settings.max_world_size} ranks")
+    kind = data.kind
+    if kind == "sweep":
+        if data.sweep is None or len(bodies) != 1:
+            raise InvalidJob("a sweep needs `sweep` (over, knobs) and exactly one base config")
+        bodies = expand_sweep(bodies[0], data.sweep.knobs)
+        kind = data.sweep.over
+    if kind == "collective":
+        params = data.collective or CollectiveParams()
+        sizes = params.sizes()
+        if not sizes or len(sizes) > 24 or params.min_bytes > params.max_bytes:
+            raise InvalidJob("collective sizes: min_bytes <= max_bytes, and at most 24 sizes (min × factor^k)")
+        return "collective", len(params.ops) * len(params.dtypes) * len(sizes), bodies
+    if data.workload not in workloads:
+        raise InvalidJob(f"unknown workload {data.workload!r}; known: {sorted(workloads)}")
+    workload = workloads[data.workload]
+    steps = data.steps or workload.default_steps
+    if steps > settings.max_steps:
+        raise InvalidJob(f"steps must be <= {settings.max_steps}")
+    for body in bodies:
+        world = body.world_size or data.world_size
+        if workload.global_batch % world:
+            raise InvalidJob(f"{data.workload} has a global batch of {workload.global_batch}, which does not split "
+                             f"evenly over world_size {world}")
+        if data.inject_bitflip and data.inject_bitflip.rank >= world:
+            raise InvalidJob(f"inject_bitflip.rank must be < world_size ({world} in config {body.name})")
+    if data.inject_bitflip and data.inject_bitflip.step > steps:
+        raise InvalidJob("inject_bitflip.step must be <= steps")
+    return data.workload, steps, bodies
+
+
+def create_job(*, session: Session, data: JobCreate, settings: Settings, submitter: str | None) -> Job:
+    """Validate, store the job and its runs (repeats interleaved A B A B so drift cancels)."""
+    workloads = known_workloads(session=session)
+    workload, steps, bodies = _validate(data, settings, workloads)
+    stored = [get_or_create_config(session=session, body=b) for b in bodies]
+    params: dict[str, Any] = {"fingerprint_interval": data.fingerprint_interval}
+    if workload == "collective":
+        params["collective"] = {**(data.collective or CollectiveParams()).model_dump(),
+                                "sizes": (data.collective or CollectiveParams()).sizes()}
+    else:
+        params["global_batch"] = workloads[workload].global_batch
+    if data.sweep:
+        params["sweep"] = data.sweep.model_dump()
+    if data.inject_bitflip:
+        params["inject_bitflip"] = data.inject_bitflip.model_dump()
+    job = Job(kind=data.kind, workload=workload, world_size=data.world_size, steps=steps,
+              repeats=data.repeats, params=params, config_ids=[c.id for c in stored], submitter=submitter,
+              queue=data.queue)
+    session.add(job)
+    session.flush()
+    for repeat in range(data.repeats):
+        for index, (config, body) in enumerate(zip(stored, bodies, strict=True)):
+            session.add(Run(job_id=job.id, config_id=config.id, config_index=index, repeat=repeat,
+                            world_size=body.world_size or data.world_size, steps_total=steps))
+    session.flush()
+    return job
+
+
+def roll_up(*, session: Session, job: Job) -> None:
+    """Job status from its runs."""
+    statuses = [r.status for r in job.runs]
+    if all(s in FINISHED for s in statuses):
+        job.status = SUCCEEDED if all(s == SUCCEEDED for s in statuses) else FAILED
+        job.finished_at = job.finished_at or utcnow()
+    elif any(s != QUEUED for s in statuses):
+        job.status = RUNNING
+    else:
+        job.status = QUEUED
+
+
+def load_job(*, session: Session, job_id: int) -> Job | None:
+    return session.scalars(select(Job).where(Job.id == job_id).options(selectinload(Job.runs))).first()
+
+
+def job_configs(*, session: Session, job: Job) -> list[Config]:
+    by_id = {c.id: c for c in session.scalars(select(Config).where(Config.id.in_(job.config_ids)))}
+    return [by_id[i] for i in job.config_ids]
+
+
+def progress(job: Job) -> float:
+    total = sum(r.steps_total for r in job.runs) or 1
+    done = sum(r.steps_total if r.status in FINISHED else r.steps_done for r in job.runs)
+    return min(1.0, done / total)
+
+
+def read_job(*, session: Session, job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id, "kind": job.kind, "workload": job.workload, "status": job.status,
+        "world_size": job.world_size, "steps": job.steps, "repeats": job.repeats, "params": job.params,
+        "created_at": job.created_at.isoformat(),
+        "configs": [{"id": c.id, "name": c.name, "hash": c.hash, "body": c.body}
+                    for c in job_configs(session=session, job=job)],
+        "runs": [{"id": r.id, "config_index": r.config_index, "repeat": r.repeat, "status": r.status,
+                  "steps_done": r.steps_done, "steps_total": r.steps_total, "attempt": r.attempt,
+                  "error": r.error, "node": r.node, "device": r.device, "fingerprint_impl": r.fingerprint_impl}
+                 for r in job.runs],
+        "progress": progress(job),
+    }
+
+
+def list_jobs(*, session: Session, limit: int, offset: int) -> tuple[list[Job], int]:
+    total = session.scalar(select(func.count()).select_from(Job)) or 0
+    jobs = session.scalars(select(Job).order_by(Job.id.desc()).limit(limit).offset(offset)
+                           .options(selectinload(Job.runs))).all()
+    return list(jobs), total

@@ -1,0 +1,70 @@
+"""The reconciler: the database says what should be running; re-dispatch what a broker or a dead
+worker lost, fail what has been retried enough. Never leaves a run stuck."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from detlab.backend.db import get_sessionmaker
+from detlab.backend.models import FAILED, QUEUED, RUNNING, Run, utcnow
+from detlab.backend.services.dispatch import dispatch
+from detlab.backend.services.settle import settle
+from detlab.backend.services.workers import as_utc, live_workers
+from detlab.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def reconcile(*, session: Session, settings: Settings) -> list[tuple[int, str]]:
+    """Fix runs in the session; returns (run_id, queue) pairs to dispatch after the commit."""
+    now = utcnow()
+    stale = timedelta(seconds=settings.run_stale_after_s)
+    to_dispatch: list[tuple[int, str]] = []
+    workers = live_workers(session=session, within_s=settings.run_stale_after_s)
+    idle_queues = {w.queue for w in workers if w.info.get("run_id") is None}
+    busy_runs = {w.info.get("run_id") for w in workers}
+    for run in session.scalars(select(Run).where(Run.status.in_([QUEUED, RUNNING]))):
+        queue = run.job.queue
+        if run.status == RUNNING:
+            beat = as_utc(run.heartbeat_at) or now
+            if now - beat < stale or run.id in busy_runs:
+                continue
+            if run.attempt >= settings.max_attempts:
+                run.status, run.finished_at = FAILED, now
+                run.error = (f"worker {run.node} lost: no heartbeat for {settings.run_stale_after_s:.0f} s; "
+                             f"gave up after {run.attempt} attempt(s). Records already sent are kept.")
+                settle(session=session, job=run.job)
+                continue
+            run.status = QUEUED
+            run.error = f"attempt {run.attempt} lost (worker {run.node} silent); re-dispatched"
+        elif run.dispatched_at is not None and (queue not in idle_queues or now - as_utc(run.dispatched_at) < stale):
+            # Still waiting behind other work, or dispatched recently: the message is not lost.
+            continue
+        run.dispatched_at = now
+        to_dispatch.append((run.id, queue))
+    return to_dispatch
+
+
+class ReconcilerThread(threading.Thread):
+    """Runs reconcile() every few seconds inside the API process."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(name="detlab-reconciler", daemon=True)
+        self.settings = settings
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.settings.reconcile_interval_s):
+            try:
+                with get_sessionmaker()() as session:
+                    pending = reconcile(session=session, settings=self.settings)
+                    session.commit()
+                for run_id, queue in pending:
+                    dispatch(run_id, queue)
+            except Exception:  # noqa: BLE001 - a failed pass is retried on the next tick
+                log.exception("reconcile pass failed")

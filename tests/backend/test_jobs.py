@@ -1,0 +1,103 @@
+"""Job creation: sweeps expand to one config per cell; collective jobs size their runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+from detlab.backend.schemas import Heartbeat, JobCreate
+from detlab.backend.services.jobs import CHANNEL_VARS, InvalidJob, create_job, expand_sweep
+from detlab.backend.services.workers import heartbeat
+from detlab.core import configs
+from detlab.core.settings import Settings
+
+
+def test_sweep_has_one_config_per_cell_of_the_product() -> None:
+    cells = expand_sweep(configs.preset("default"), {"NCCL_ALGO": [None, "Ring", "Tree"],
+                                                     "NCCL_PROTO": [None, "LL", "LL128", "Simple"]})
+    assert len(cells) == 12
+    assert len({c.name for c in cells}) == 12
+    assert {(c.env.get("NCCL_ALGO"), c.env.get("NCCL_PROTO")) for c in cells} == {
+        (a, p) for a in (None, "Ring", "Tree") for p in (None, "LL", "LL128", "Simple")}
+
+
+def test_sweep_channels_knob_sets_nchannels_and_ctas() -> None:
+    one = expand_sweep(configs.preset("default"), {"channels": ["1"]})[0]
+    assert {k: one.env[k] for k in CHANNEL_VARS} == dict.fromkeys(CHANNEL_VARS, "1")
+    assert one.name == "channels-1"
+
+
+def test_sweep_default_cell_drops_the_base_configs_value_of_a_swept_knob() -> None:
+    base = configs.preset("nccl-tree-simple-1ch")
+    cells = expand_sweep(base, {"NCCL_ALGO": [None, "Ring"]})
+    assert "NCCL_ALGO" not in cells[0].env and cells[0].name == "default"
+    assert cells[1].env["NCCL_ALGO"] == "Ring"
+    assert all(c.env["NCCL_PROTO"] == "Simple" for c in cells)  # unswept knobs keep the base's value
+
+
+def test_sweep_knob_values_are_validated_like_config_env() -> None:
+    with pytest.raises(InvalidJob, match="NCCL_ALGO: unknown value"):
+        expand_sweep(configs.preset("default"), {"NCCL_ALGO": ["Bogus"]})
+    with pytest.raises(InvalidJob, match="LD_PRELOAD is not an allowed variable"):
+        expand_sweep(configs.preset("default"), {"LD_PRELOAD": ["x"]})
+
+
+def test_sweep_over_the_cell_limit_is_refused() -> None:
+    with pytest.raises(InvalidJob, match="at most 64"):
+        expand_sweep(configs.preset("default"), {"NCCL_BUFFSIZE": [str(4096 * i) for i in range(1, 10)],
+                                                 "NCCL_NTHREADS": [str(64 * i) for i in range(1, 9)]})
+
+
+def test_collective_job_counts_cells_as_steps_and_stores_sizes(session: Session, tmp_path: Path) -> None:
+    data = JobCreate.model_validate({"kind": "collective", "world_size": 2,
+                                     "configs": [{}, {"preset": "nccl-ring-simple"}],
+                                     "collective": {"ops": ["all_reduce_sum", "all_gather"], "dtypes": ["float32"],
+                                                    "min_bytes": 4096, "max_bytes": 65536}})
+    job = create_job(session=session, data=data, settings=Settings(data_dir=tmp_path), submitter=None)
+    assert job.workload == "collective"
+    assert job.params["collective"]["sizes"] == [4096, 16384, 65536]
+    assert [r.steps_total for r in job.runs] == [6, 6]
+
+
+def test_sweep_job_runs_every_cell_for_every_repeat_interleaved(session: Session, tmp_path: Path) -> None:
+    data = JobCreate.model_validate({"kind": "sweep", "world_size": 2, "repeats": 2, "configs": [{}],
+                                     "sweep": {"over": "collective", "knobs": {"NCCL_PROTO": ["LL", "Simple"]}}})
+    job = create_job(session=session, data=data, settings=Settings(data_dir=tmp_path), submitter=None)
+    assert job.kind == "sweep" and len(job.config_ids) == 2
+    assert [(r.repeat, r.config_index) for r in job.runs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_sweep_needs_exactly_one_base_config(session: Session, tmp_path: Path) -> None:
+    data = JobCreate.model_validate({"kind": "sweep", "configs": [{}, {}],
+                                     "sweep": {"knobs": {"NCCL_PROTO": ["LL"]}}})
+    with pytest.raises(InvalidJob, match="exactly one base config"):
+        create_job(session=session, data=data, settings=Settings(data_dir=tmp_path), submitter=None)
+
+
+@pytest.mark.parametrize("body", [
+    {"kind": "collective", "configs": [{"world_size": 1024}]},
+    {"kind": "train", "workload": "mlp", "world_size": 2, "configs": [{}, {"world_size": 128}]},
+    {"kind": "sweep", "configs": [{"world_size": 65}], "sweep": {"knobs": {"NCCL_ALGO": ["Ring"]}}},
+])
+def test_a_configs_own_world_size_is_held_to_the_limit(session: Session, body: dict) -> None:
+    with pytest.raises(InvalidJob, match="at most 64 ranks"):
+        create_job(session=session, data=JobCreate.model_validate(body), settings=Settings(), submitter=None)
+
+
+def test_bitflip_rank_must_exist_in_every_run(session: Session) -> None:
+    body = {"workload": "mlp", "world_size": 2, "configs": [{}, {"world_size": 1}],
+            "inject_bitflip": {"step": 1, "tensor": "0.weight", "rank": 1}}
+    with pytest.raises(InvalidJob, match="inject_bitflip.rank must be < world_size"):
+        create_job(session=session, data=JobCreate.model_validate(body), settings=Settings(), submitter=None)
+
+
+def test_a_workload_a_worker_advertised_can_be_submitted(session: Session) -> None:
+    data = JobCreate.model_validate({"workload": "team-gpt", "configs": [{}]})
+    with pytest.raises(InvalidJob, match="unknown workload 'team-gpt'"):
+        create_job(session=session, data=data, settings=Settings(), submitter=None)
+    heartbeat(session=session, beat=Heartbeat(worker="gpu-node:h200", queue="h200", info={"workloads": [
+        {"name": "team-gpt", "description": "ours", "global_batch": 8, "default_steps": 7}]}))
+    job = create_job(session=session, data=data, settings=Settings(), submitter=None)
+    assert (job.workload, job.steps, job.params["global_batch"]) == ("team-gpt", 7, 8)

@@ -1,0 +1,105 @@
+"""A user in Chromium: submits a comparison on the page and finds the divergence marker."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from tests.e2e.conftest import Stack
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.browser
+
+
+def test_submitting_on_the_page_shows_the_divergence_marker(embedded: Stack, tmp_path: Path) -> None:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        page.goto(embedded.url)
+        page.select_option("#workload", "mlp")
+        page.fill("#world-size", "2")
+        page.fill("#steps", "4")
+        page.select_option("#preset-a", "default")
+        page.select_option("#preset-b", "default")
+        page.check("#edit-b")
+        config_b = json.loads(page.input_value("#config-b"))
+        page.fill("#config-b", json.dumps({**config_b, "name": "four-ranks", "world_size": 4}))
+        page.click("#submit")
+        page.wait_for_url("**/jobs/*")
+        expect(page.locator("#verdict")).to_have_text("diverged", timeout=180_000)
+        expect(page.locator("#first-step")).to_have_text("1")
+        expect(page.locator("#divergent-tensors")).to_contain_text("0.weight")
+        expect(page.locator("#config-diff")).to_contain_text("world_size")
+        expect(page.locator("#environment")).to_contain_text("gloo")
+        marker = page.wait_for_function("""() => {
+            const traces = (document.getElementById('chart').data || []).filter(t => t.name === 'first divergence');
+            return traces.length ? traces[0].x : null; }""", timeout=30_000).json_value()
+        assert list(marker) == [1]
+        page.screenshot(path=str(Path(os.environ.get("DETLAB_SCREENSHOT_DIR", tmp_path)) / "job.png"),
+                        full_page=True)
+        browser.close()
+
+
+def test_a_bad_config_on_the_page_shows_the_error_and_keeps_the_input(embedded: Stack) -> None:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.goto(embedded.url)
+        page.check("#edit-a")
+        bad = json.dumps({"name": "evil", "env": {"LD_PRELOAD": "/tmp/evil.so"}})
+        page.fill("#config-a", bad)
+        page.click("#submit")
+        expect(page.locator("#error")).to_contain_text("LD_PRELOAD is not an allowed variable")
+        assert page.input_value("#config-a") == bad
+        assert page.url.rstrip("/") == embedded.url
+        browser.close()
+
+
+def test_findings_page_shows_imported_results_with_bandwidth_beside_the_verdict(embedded: Stack) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    result = ROOT / "results" / "2026-11-29-h200-nccl" / "sweep-4xH200.json"
+    subprocess.run([sys.executable, "-m", "detlab.cli", "import-results", str(result)], env=embedded.env, cwd=ROOT,
+                   check=True, capture_output=True, timeout=120)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.goto(f"{embedded.url}/findings")
+        rows = page.locator("#findings tbody tr")
+        expect(rows).to_have_count(8)
+        page.fill("#filter", "Tree.proto-Simple float32")  # matches no single field
+        expect(page.locator("#count")).to_have_text("0 of 8 rows")
+        page.fill("#filter", "algo-Tree.proto-Simple")
+        expect(rows).to_have_count(2)
+        expect(rows.first).to_contain_text("4 x NVIDIA H200")
+        expect(rows.first).to_contain_text("reproducible")
+        expect(rows.first).to_contain_text("NCCL 2.28.9")
+        browser.close()
+
+
+def test_collective_job_page_shows_cells_charts_and_the_gloo_note(embedded: Stack) -> None:
+    job = embedded.submit({"kind": "collective", "world_size": 2, "configs": [{"preset": "default"}],
+                           "collective": {"min_bytes": 4096, "max_bytes": 16384, "trials": 2, "warmup": 0}})
+    embedded.wait_job(job["id"])
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{embedded.url}/jobs/{job['id']}")
+        expect(page.locator("#collective-verdict")).to_contain_text("2/2", timeout=30_000)
+        expect(page.locator("#cells tbody tr")).to_have_count(2)
+        expect(page.locator("#logs-note")).to_contain_text("gloo")
+        page.wait_for_function("() => (document.getElementById('heatmap').data || []).length > 0")
+        assert errors == []
+        browser.close()

@@ -1,0 +1,161 @@
+"""End to end on the distributed deployment: PostgreSQL, Redis, a Celery worker process, gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+from sqlalchemy import create_engine, text
+
+from tests.conftest import ROOT
+from tests.e2e.conftest import Stack
+
+MLP_TENSORS = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+
+
+def test_deterministic_config_is_identical_over_three_repeats(distributed: Stack) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "detlab.cli", "submit", "--server", distributed.url, "--workload", "mlp",
+         "--config", "full-deterministic", "--config", "full-deterministic", "--world-size", "2", "--steps", "4",
+         "--repeats", "3", "--wait", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr + distributed.logs()
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["verdict"] == "identical"
+    assert result["steps_compared"] == 5 and result["first_divergent_step"] is None
+    assert [r["rate"] for r in result["reproducibility"]] == [1.0, 1.0]
+    assert all(r["repeats"] == 3 for r in result["reproducibility"])
+    assert len(result["job"]["runs"]) == 6 and {r["status"] for r in result["job"]["runs"]} == {"succeeded"}
+
+
+def test_world_size_two_vs_four_diverges_at_first_step(distributed: Stack) -> None:
+    job = distributed.submit({"workload": "mlp", "steps": 3, "configs": [
+        {"preset": "default", "name": "w2", "world_size": 2}, {"preset": "default", "name": "w4", "world_size": 4}]})
+    assert distributed.wait_job(job["id"])["status"] == "succeeded"
+    result = distributed.comparison(job["id"])
+    assert result["verdict"] == "diverged"
+    assert result["mode"] == "rank-consensus"
+    assert result["first_divergent_step"] == 1  # step 0 (initial weights) matches; the first all_reduce differs
+    # The weight matrices always part; a 10-element bias can come out equal after Adam's first step
+    # (its update is about lr * sign(g)), depending on the CPU's kernels: seen on one machine, not another.
+    assert {"0.weight", "2.weight", "4.weight"} <= set(result["first_divergent_tensors"]) <= set(MLP_TENSORS)
+    assert result["steps_differing"] == 3
+
+
+def test_injected_bitflip_is_found_at_its_step_tensor_and_rank(distributed: Stack) -> None:
+    job = distributed.submit({"workload": "mlp", "steps": 5, "world_size": 2,
+                              "configs": [{"preset": "torch-deterministic"}, {"preset": "torch-deterministic"}],
+                              "inject_bitflip": {"step": 3, "tensor": "2.bias", "rank": 1}})
+    assert distributed.wait_job(job["id"])["status"] == "succeeded"
+    # The flip applies to every run of the job, so compare each run's ranks instead: rank 1 parts from rank 0.
+    result = distributed.comparison(job["id"])
+    assert result["verdict"] == "identical"  # both configs flipped the same bit: identical to each other
+    engine = create_engine(distributed.env["DETLAB_DATABASE_URL"])
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT step, rank, digests FROM step_records WHERE run_id = :r ORDER BY step, rank"),
+                            {"r": result["run_a"]}).all()
+    engine.dispose()
+    by_step: dict[int, dict[int, bytes]] = {}
+    for step, rank, digests in rows:
+        by_step.setdefault(step, {})[rank] = bytes(digests)
+    agree = [s for s, ranks in sorted(by_step.items()) if ranks[0] == ranks[1]]
+    assert agree == [0, 1, 2]
+    index = MLP_TENSORS.index("2.bias")
+    chunk = slice(16 * index, 16 * index + 16)
+    assert by_step[3][0][chunk] != by_step[3][1][chunk]
+    assert by_step[3][0][:16 * index] == by_step[3][1][:16 * index]
+
+
+def test_scatter_without_deterministic_mode_diverges_and_with_it_does_not(distributed: Stack) -> None:
+    two_threads = {"threads": 2}
+    job = distributed.submit({"workload": "scatter", "steps": 3, "repeats": 2, "configs": [
+        {"preset": "default", **two_threads}, {"preset": "torch-deterministic", **two_threads}]})
+    assert distributed.wait_job(job["id"])["status"] == "succeeded"
+    result = distributed.comparison(job["id"])
+    assert result["verdict"] == "diverged"
+    assert result["first_divergent_step"] == 1
+    assert set(result["first_divergent_tensors"]) <= {"msg.weight", "msg.bias", "out.weight", "out.bias"}
+    rates = {r["name"]: r["rate"] for r in result["reproducibility"]}
+    assert rates == {"default": 0.0, "torch-deterministic": 1.0}
+
+
+def test_crashing_rank_fails_the_run_with_its_output_and_keeps_records(distributed: Stack) -> None:
+    job = distributed.submit({"workload": "mlp", "steps": 4, "world_size": 2, "configs": [{"preset": "default"}],
+                              "inject_bitflip": {"step": 3, "tensor": "no.such.tensor", "rank": 1}})
+    done = distributed.wait_job(job["id"])
+    run = done["runs"][0]
+    assert done["status"] == "failed" and run["status"] == "failed"
+    assert "rank 1 exited" in run["error"] and "unknown tensor 'no.such.tensor'" in run["error"]
+    assert run["steps_done"] >= 2  # steps 0-2 were streamed before rank 1 died after step 3
+
+
+def test_killed_worker_run_is_redispatched_without_duplicate_records(distributed: Stack) -> None:
+    steps = 400
+    job = distributed.submit({"workload": "tiny-lm", "steps": steps, "world_size": 2,
+                              "configs": [{"preset": "default"}]})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{distributed.url}/api/v1/jobs/{job['id']}").json()["runs"][0]
+        if run["steps_done"] >= 3:
+            break
+        time.sleep(0.2)
+    assert run["attempt"] == 1 and run["status"] == "running"
+    distributed.kill("worker")
+    distributed.start("worker2", "worker", "--queue", "default")
+    done = distributed.wait_job(job["id"], timeout=400)
+    run = done["runs"][0]
+    assert run["status"] == "succeeded", run
+    assert run["attempt"] == 2
+    engine = create_engine(distributed.env["DETLAB_DATABASE_URL"])
+    with engine.connect() as conn:
+        count, distinct, attempts = conn.execute(text(
+            "SELECT count(*), count(DISTINCT (step, rank)), array_agg(DISTINCT attempt) FROM step_records "
+            "WHERE run_id = :r"), {"r": run["id"]}).one()
+    engine.dispose()
+    assert count == distinct == (steps + 1) * 2
+    assert attempts == [2]
+
+
+def test_collective_job_reports_reproducibility_bandwidth_and_cross_config_equality(distributed: Stack) -> None:
+    collective = {"ops": ["all_reduce_sum", "broadcast"], "dtypes": ["float32"], "min_bytes": 4096,
+                  "max_bytes": 65536, "trials": 3, "warmup": 1}
+    job = distributed.submit({"kind": "collective", "world_size": 2, "repeats": 2, "collective": collective,
+                              "configs": [{"preset": "default", "name": "w2"},
+                                          {"preset": "default", "name": "w4", "world_size": 4}]})
+    done = distributed.wait_job(job["id"])
+    assert done["status"] == "succeeded", done
+    assert {r["steps_done"] for r in done["runs"]} == {6}
+    result = httpx.get(f"{distributed.url}/api/v1/jobs/{job['id']}/collective", timeout=30).json()
+    cells = result["cells"]
+    assert len(cells) == 2 * 2 * 3
+    assert all(c["reproducible"] and c["distinct_across_runs"] == 1 and c["runs"] == 2 for c in cells)
+    assert all(c["busbw_gbps"] > 0 and c["err_max_abs"] is not None for c in cells)
+    assert result["note"] and "gloo" in result["note"]
+    by_key = {(e["op"], e["bytes"]): e["equal"] for e in result["equality"]}
+    assert all(by_key[("broadcast", b)][0][1] is True for b in (4096, 16384, 65536))  # rank 0's input at any size
+    assert any(by_key[("all_reduce_sum", b)][0][1] is False for b in (4096, 16384, 65536))  # 2 vs 4 ranks
+    export = result["export"]["configs"][0]
+    assert export["results"][0]["size"] == 4096 and "bus_bw" in export["results"][0]["in_place"]
+    groups = httpx.get(f"{distributed.url}/api/v1/findings", timeout=30).json()["groups"]
+    mine = [g for g in groups if g["sources"] == [f"job {job['id']}"]]
+    assert {(g["config"], g["op"], g["library"]) for g in mine} == {
+        (c, op, "gloo") for c in ("w2", "w4") for op in ("all_reduce_sum", "broadcast")}
+
+
+def test_sweep_job_runs_one_config_per_cell(distributed: Stack) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "detlab.cli", "submit", "--server", distributed.url, "--kind", "sweep",
+         "--config", "default", "--world-size", "2", "--collective",
+         '{"min_bytes": 4096, "max_bytes": 4096, "trials": 2, "warmup": 0}',
+         "--knobs", '{"NCCL_ALGO": [null, "Ring"], "channels": [null, "1"]}', "--wait", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr + distributed.logs()
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(c["name"] for c in result["job"]["configs"]) == ["algo-Ring", "algo-Ring.channels-1",
+                                                                   "channels-1", "default"]
+    assert len(result["cells"]) == 4
+    # gloo ignores NCCL knobs, so every cell computes the same bits
+    assert all(all(v for v in row) for e in result["equality"] for row in e["equal"])

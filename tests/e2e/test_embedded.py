@@ -1,0 +1,49 @@
+"""`detlab up` as a user runs it: one command, and nothing left behind when it stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import ROOT, free_port
+from tests.e2e.conftest import stack_env, wait_healthy
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.split(") ", 1)[1][0] != "Z"
+
+
+def test_stopping_up_stops_its_worker(tmp_path: Path) -> None:
+    port = free_port()
+    env = stack_env(tmp_path, port)
+    up = subprocess.Popen([sys.executable, "-m", "detlab.cli", "up", "--port", str(port), "--data-dir",
+                           str(tmp_path / "data")], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", [up])
+        [worker] = children(up.pid)
+        up.send_signal(signal.SIGTERM)  # the up process only, as a service manager would
+        up.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(worker)
+    finally:
+        try:
+            os.killpg(up.pid, signal.SIGKILL)  # whatever is left of the group
+        except ProcessLookupError:
+            pass

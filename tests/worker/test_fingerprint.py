@@ -1,0 +1,484 @@
+"""fp1 fingerprints: reference vectors, cross-implementation equality and the change-detection guarantees."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from detlab.worker.fingerprint import (
+    FP_VERSION,
+    bytes_to_digest,
+    certificate,
+    digest_to_bytes,
+    fingerprint,
+    fingerprint_bytes,
+    fingerprint_many,
+    implementation_name,
+    tensor_bytes,
+)
+from detlab.worker.fingerprint.reference import finalize, finalize_many, lane_sums_np
+from detlab.worker.fingerprint.torch_impl import fingerprint_torch, lane_sums_words
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+
+# (label, tensor builder, hex of its logical bytes, digest). The same table is in docs/fingerprint.md.
+VECTORS: list[tuple[str, Callable[[], torch.Tensor], str, str]] = [
+    ("float32 empty []", lambda: torch.empty(0, dtype=torch.float32),
+     "", "fp1:83cd62b96d17d778a1acb9efa2e8d674"),
+    ("float32 [1.0, -0.0, inf, nan]", lambda: torch.tensor([1.0, -0.0, math.inf, math.nan]),
+     "0000803f000000800000807f0000c07f", "fp1:87a8937b7366a1136c81eaa0ca7c6f83"),
+    ("float32 [1.0, 0.0, inf, nan]", lambda: torch.tensor([1.0, 0.0, math.inf, math.nan]),
+     "0000803f000000000000807f0000c07f", "fp1:417855aa8a38c6d58bbd396443128893"),
+    ("float32 0-d 3.5", lambda: torch.tensor(3.5),
+     "00006040", "fp1:d6c239094aee78aeef34d81a7ce208b1"),
+    ("float32 arange(12).reshape(3, 4).t()", lambda: torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),
+     "0000000000008040000000410000803f0000a04000001041000000400000c04000002041000040400000e04000003041",
+     "fp1:fdd9d74d9d17f3e996eab6722371ab45"),
+    ("float16 [1.0, -2.0, 65504.0]", lambda: torch.tensor([1.0, -2.0, 65504.0], dtype=torch.float16),
+     "003c00c0ff7b", "fp1:3d9c9816eca165e957e9d223a61921ef"),
+    ("bfloat16 [1.0, -0.0, 3.140625, 1e38, -1.5]",
+     lambda: torch.tensor([1.0, -0.0, 3.140625, 1e38, -1.5], dtype=torch.bfloat16),
+     "803f00804940967ec0bf", "fp1:b4b73eaaa59d7c32960ac5060025902a"),
+    ("float64 [pi, -1e-300, -0.0]", lambda: torch.tensor([math.pi, -1e-300, -0.0], dtype=torch.float64),
+     "182d4454fb21094059f3f8c21f6ea5810000000000000080", "fp1:fd84a1cff1c5fea9f7c52412b611497c"),
+    ("float8_e4m3fn [0.5, -448.0, 1.0]", lambda: torch.tensor([0.5, -448.0, 1.0]).to(torch.float8_e4m3fn),
+     "30fe38", "fp1:254e2c5660d224758dad09de81b4281f"),
+    ("float8_e5m2 [0.5, -57344.0, 1.0, 2.0]",
+     lambda: torch.tensor([0.5, -57344.0, 1.0, 2.0]).to(torch.float8_e5m2),
+     "38fb3c40", "fp1:d32fcebd5fac2f3b315c86291268c305"),
+    ("int8 [-128, -1, 0, 1, 127]", lambda: torch.tensor([-128, -1, 0, 1, 127], dtype=torch.int8),
+     "80ff00017f", "fp1:321ddbd4ffff5143f16fd006e6a7068c"),
+    ("int16 [-32768, -1, 0, 32767]", lambda: torch.tensor([-32768, -1, 0, 32767], dtype=torch.int16),
+     "0080ffff0000ff7f", "fp1:7b4aee158bbf61064bdd3255f8a90ec0"),
+    ("int32 [-2**31, -1, 0, 2**31 - 1, 7]",
+     lambda: torch.tensor([-(2**31), -1, 0, 2**31 - 1, 7], dtype=torch.int32),
+     "00000080ffffffff00000000ffffff7f07000000", "fp1:40f0248972383eb1ecd873a9c33c4385"),
+    ("int64 [-2**63, -1, 0, 2**63 - 1]",
+     lambda: torch.tensor([-(2**63), -1, 0, 2**63 - 1], dtype=torch.int64),
+     "0000000000000080ffffffffffffffff0000000000000000ffffffffffffff7f",
+     "fp1:d837fac7ea072bb0cb36c978c9aa120c"),
+    ("uint8 [1, 2, 3]", lambda: torch.tensor([1, 2, 3], dtype=torch.uint8),
+     "010203", "fp1:f12e9063f5ea17ad7b443191bcccdd24"),
+    ("uint8 [1, 2, 3, 0]", lambda: torch.tensor([1, 2, 3, 0], dtype=torch.uint8),
+     "01020300", "fp1:2803d4cca7da4cffc9f95a5d0d330cab"),
+    ("uint8 arange(17)", lambda: torch.arange(17, dtype=torch.uint8),
+     "000102030405060708090a0b0c0d0e0f10", "fp1:6ab332a4b452d65ef2c97368377d38d9"),
+    ("bool [True, False, True]", lambda: torch.tensor([True, False, True]),
+     "010001", "fp1:f3a494c8ec20cd48c2b072c02677c75f"),
+    ("complex64 [1+2j, -0.5-0j]", lambda: torch.tensor([1 + 2j, complex(-0.5, -0.0)], dtype=torch.complex64),
+     "0000803f00000040000000bf00000080", "fp1:f4de4d5648444f2b6dc6391064a6253f"),
+]  # fmt: skip
+VECTOR_IDS = [v[0] for v in VECTORS]
+
+DTYPES = [
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64,
+]  # fmt: skip
+SIZES = [0, 1, 3, 7, 8, 9, 1000, 4097]
+
+
+def random_tensor(dtype: torch.dtype, numel: int, seed: int = 0, device: str = "cpu") -> torch.Tensor:
+    """Random raw bytes viewed as `dtype`, so NaN payloads, subnormals and -0.0 all turn up."""
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (numel,), generator=gen).bool().to(device)
+    esize = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (numel * esize,), dtype=torch.uint8, generator=gen)
+    return raw.view(dtype).to(device)
+
+
+def spec_digest(data: bytes) -> str:
+    """fp1 written straight from docs/fingerprint.md in Python ints: an independent check of reference.py."""
+    m64 = (1 << 64) - 1
+
+    def mix(z: int, s1: int, m1: int, s2: int, m2: int, s3: int) -> int:
+        z = ((z ^ (z >> s1)) * m1) & m64
+        z = ((z ^ (z >> s2)) * m2) & m64
+        return z ^ (z >> s3)
+
+    mix0 = (30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31)
+    mix1 = (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33)
+    padded = data + bytes(-len(data) % 8)
+    s0 = s1 = 0
+    for j in range(len(padded) // 8):
+        u = int.from_bytes(padded[8 * j : 8 * j + 8], "little")
+        s0 = (s0 + mix(u ^ ((j * 0x9E3779B97F4A7C15) & m64), *mix0)) & m64
+        s1 = (s1 + mix(u ^ ((j * 0xD1B54A32D192ED03) & m64), *mix1)) & m64
+    h0 = mix(s0 ^ mix(len(data) ^ 0x6A09E667F3BCC908, *mix0), *mix0)
+    h1 = mix(s1 ^ mix(len(data) ^ 0xBB67AE8584CAA73B, *mix1), *mix1)
+    return f"fp1:{h0:016x}{h1:016x}"
+
+
+def flip_bit(t: torch.Tensor, bit: int) -> torch.Tensor:
+    raw = bytearray(tensor_bytes(t))
+    raw[bit // 8] ^= 1 << (bit % 8)
+    return torch.frombuffer(raw, dtype=torch.uint8).clone().view(t.dtype).reshape(t.shape)
+
+
+# --- reference vectors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
+def test_reference_matches_vector(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
+    assert fingerprint_bytes(bytes.fromhex(hex_bytes)) == digest
+
+
+@pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
+def test_documented_spec_matches_vector(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
+    assert spec_digest(bytes.fromhex(hex_bytes)) == digest
+
+
+@pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
+def test_vector_tensor_has_the_listed_bytes(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
+    assert tensor_bytes(build()).hex() == hex_bytes
+
+
+@pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
+def test_torch_cpu_matches_vector(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
+    assert fingerprint(build()) == digest
+
+
+# --- cross-implementation equality ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_torch_cpu_matches_reference_on_random_tensors(dtype: torch.dtype) -> None:
+    for seed, numel in enumerate(SIZES):
+        t = random_tensor(dtype, numel, seed)
+        assert fingerprint(t) == fingerprint_bytes(tensor_bytes(t)), (dtype, numel)
+
+
+def test_spec_matches_reference_on_random_bytes() -> None:
+    rng = random.Random(5)
+    for n in [0, 1, 5, 8, 15, 16, 17, 100, 1001]:
+        data = rng.randbytes(n)
+        assert spec_digest(data) == fingerprint_bytes(data), n
+
+
+def test_torch_chunking_does_not_change_the_digest() -> None:
+    t = random_tensor(torch.float32, 1001, seed=3)
+    assert fingerprint_torch(t, chunk_words=7) == fingerprint_bytes(tensor_bytes(t))
+
+
+def test_reference_chunking_does_not_change_the_digest() -> None:
+    data = random.Random(4).randbytes(8 * 1000 + 3)
+    assert fingerprint_bytes(data, chunk_words=13) == fingerprint_bytes(data)
+
+
+@pytest.mark.parametrize("first_pos", [2**31 - 3, 2**32 - 3, 2**40 + 1, 2**63 - 2, 2**64 - 3])
+def test_torch_and_reference_agree_at_large_word_positions(first_pos: int) -> None:
+    words = random_tensor(torch.int64, 64, seed=6)
+    expected = lane_sums_np(words.numpy().view(np.uint64), first_pos)
+    got = tuple(int(v) & ((1 << 64) - 1) for v in lane_sums_words(words, first_pos).tolist())
+    assert got == expected
+
+
+def test_batched_finalize_matches_scalar_finalize() -> None:
+    rng = np.random.default_rng(10)
+    s0, s1 = rng.integers(0, 2**64, 50, dtype=np.uint64), rng.integers(0, 2**64, 50, dtype=np.uint64)
+    nbytes = rng.integers(0, 2**40, 50).astype(np.uint64)
+    expected = [finalize(int(a), int(b), int(n)) for a, b, n in zip(s0, s1, nbytes, strict=True)]
+    assert finalize_many(s0, s1, nbytes) == expected
+
+
+def test_fingerprint_many_matches_fingerprint() -> None:
+    tensors = [random_tensor(d, 33, seed=i) for i, d in enumerate(DTYPES)]
+    assert fingerprint_many(tensors) == [fingerprint(t) for t in tensors]
+
+
+def test_implementation_name_on_cpu() -> None:
+    assert implementation_name("cpu") == "torch-cpu"
+    assert implementation_name(torch.device("cpu")) == "torch-cpu"
+
+
+# --- change detection -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "numel"),
+    [(torch.float32, 16), (torch.float64, 8), (torch.bfloat16, 16), (torch.uint8, 7)],
+    ids=str,
+)
+def test_every_single_bit_flip_gives_a_distinct_digest(dtype: torch.dtype, numel: int) -> None:
+    t = random_tensor(dtype, numel, seed=7)
+    nbits = numel * t.element_size() * 8
+    digests = {fingerprint(t)} | {fingerprint(flip_bit(t, b)) for b in range(nbits)}
+    assert len(digests) == nbits + 1
+
+
+def test_random_bit_flips_on_a_large_tensor_change_the_digest() -> None:
+    t = random_tensor(torch.float32, 1 << 20, seed=8)
+    rng = random.Random(8)
+    digests = {fingerprint(t)}
+    for _ in range(10):
+        bit = rng.randrange(t.numel() * 32)
+        flipped = t.clone()
+        flipped.view(torch.uint8)[bit // 8] ^= 1 << (bit % 8)
+        digests.add(fingerprint(flipped))
+    assert len(digests) == 11
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.complex64], ids=str)
+def test_replacing_one_8_byte_element_changes_the_digest(dtype: torch.dtype) -> None:
+    t = random_tensor(dtype, 64, seed=9)
+    base = fingerprint(t)
+    for i in range(200):
+        changed = t.clone()
+        changed.view(torch.int64)[i % 64] = random_tensor(torch.int64, 1, seed=100 + i)[0]
+        if torch.equal(changed.view(torch.int64), t.view(torch.int64)):
+            continue
+        assert fingerprint(changed) != base, i
+
+
+def test_swapping_two_elements_changes_the_digest() -> None:
+    t = torch.arange(10, dtype=torch.float32)
+    swapped = t.clone()
+    swapped[[2, 7]] = swapped[[7, 2]]
+    assert fingerprint(swapped) != fingerprint(t)
+
+
+def test_swapping_neighbours_inside_one_word_changes_the_digest() -> None:
+    t = torch.tensor([1, 2, 3, 4], dtype=torch.int16)
+    assert fingerprint(torch.tensor([2, 1, 3, 4], dtype=torch.int16)) != fingerprint(t)
+
+
+def test_negative_zero_differs_from_zero() -> None:
+    assert fingerprint(torch.tensor([-0.0])) != fingerprint(torch.tensor([0.0]))
+
+
+def test_nan_payloads_differ() -> None:
+    quiet = torch.tensor([0x7FC00000], dtype=torch.int32).view(torch.float32)
+    payload = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)
+    assert quiet.isnan().item() and payload.isnan().item()
+    assert fingerprint(quiet) != fingerprint(payload)
+
+
+def test_trailing_zero_byte_changes_the_digest() -> None:
+    three = torch.tensor([1, 2, 3], dtype=torch.uint8)
+    four = torch.tensor([1, 2, 3, 0], dtype=torch.uint8)
+    assert fingerprint(three) != fingerprint(four)
+
+
+def test_zero_padding_to_a_full_word_changes_the_digest() -> None:
+    assert fingerprint_bytes(b"\x01" * 7) != fingerprint_bytes(b"\x01" * 7 + b"\x00")
+    assert fingerprint_bytes(b"") != fingerprint_bytes(b"\x00")
+
+
+# --- layouts, shapes, edge cases -----------------------------------------------------------------------
+
+VIEWS: dict[str, Callable[[], torch.Tensor]] = {
+    "transpose": lambda: random_tensor(torch.float32, 35, 1).reshape(5, 7).t(),
+    "step slice": lambda: random_tensor(torch.float64, 40, 2)[::3],
+    "expand (stride 0)": lambda: random_tensor(torch.int16, 3, 3).reshape(3, 1).expand(3, 5),
+    "uint8 offset 1": lambda: random_tensor(torch.uint8, 40, 4)[1:],
+    "bf16 offset 3": lambda: random_tensor(torch.bfloat16, 40, 5)[3:],
+    "permute 3d": lambda: random_tensor(torch.float16, 60, 6).reshape(3, 4, 5).permute(2, 0, 1),
+    "column of complex": lambda: random_tensor(torch.complex64, 12, 7).reshape(4, 3)[:, 1],
+    "conj view": lambda: random_tensor(torch.complex64, 9, 8).conj(),
+    "requires grad": lambda: torch.randn(5, 5, requires_grad=True).t(),
+}
+
+
+@pytest.mark.parametrize("name", list(VIEWS))
+def test_non_contiguous_view_matches_its_contiguous_copy(name: str) -> None:
+    view = VIEWS[name]()
+    copy = view.detach().resolve_conj().contiguous().clone()
+    assert fingerprint(view) == fingerprint(copy) == fingerprint_bytes(tensor_bytes(copy))
+
+
+def test_conj_view_hashes_the_conjugated_values() -> None:
+    z = torch.tensor([1 + 2j], dtype=torch.complex64)
+    assert fingerprint(z.conj()) == fingerprint(torch.tensor([1 - 2j], dtype=torch.complex64))
+
+
+def test_zero_dim_tensor_hashes_its_single_element() -> None:
+    assert fingerprint(torch.tensor(2.5)) == fingerprint_bytes(np.float32(2.5).tobytes())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_empty_tensors_hash_like_empty_bytes(dtype: torch.dtype) -> None:
+    assert fingerprint(torch.empty(0, 3, dtype=dtype)) == fingerprint_bytes(b"")
+
+
+def test_sparse_tensor_is_refused_with_a_hint() -> None:
+    with pytest.raises(TypeError, match="to_dense"):
+        fingerprint(torch.eye(3).to_sparse())
+
+
+# --- digest format and packing -------------------------------------------------------------------------
+
+
+def test_digest_format() -> None:
+    assert re.fullmatch(r"fp1:[0-9a-f]{32}", fingerprint(torch.ones(3)))
+    assert FP_VERSION == "fp1"
+
+
+def test_packing_roundtrip() -> None:
+    digest = fingerprint(torch.ones(3))
+    packed = digest_to_bytes(digest)
+    assert len(packed) == 16
+    assert bytes_to_digest(packed) == digest
+
+
+@pytest.mark.parametrize("bad", ["fp2:" + "0" * 32, "fp1:" + "0" * 31, "fp1:" + "A" * 32, "0" * 36])
+def test_digest_to_bytes_rejects_malformed_digests(bad: str) -> None:
+    with pytest.raises(ValueError, match="fp1"):
+        digest_to_bytes(bad)
+
+
+def test_bytes_to_digest_rejects_wrong_length() -> None:
+    with pytest.raises(ValueError, match="16 bytes"):
+        bytes_to_digest(b"\x00" * 15)
+
+
+def test_certificate_is_sha256_of_the_logical_bytes() -> None:
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()
+    assert certificate(t) == hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+
+
+def test_reference_works_without_importing_torch() -> None:
+    code = (
+        "import sys; from detlab.worker.fingerprint import fingerprint_bytes, digest_to_bytes; "
+        "digest_to_bytes(fingerprint_bytes(b'abc')); assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+# --- GPU (run on the device machine) --------------------------------------------------------------------
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_torch_cuda_matches_reference(dtype: torch.dtype) -> None:
+    for seed, numel in enumerate(SIZES):
+        t = random_tensor(dtype, numel, seed, device="cuda")
+        assert fingerprint_torch(t) == fingerprint_bytes(tensor_bytes(t)), (dtype, numel)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_triton_matches_torch_cuda_and_reference(dtype: torch.dtype) -> None:
+    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    tensors = [random_tensor(dtype, n, seed, device="cuda") for seed, n in enumerate(SIZES + [100_003])]
+    expected = [fingerprint_bytes(tensor_bytes(t)) for t in tensors]
+    assert fingerprint_many_triton(tensors) == expected
+    assert [fingerprint_torch(t) for t in tensors] == expected
+
+
+@needs_cuda
+def test_triton_multi_tensor_list_matches_per_tensor_digests() -> None:
+    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    tensors = [random_tensor(d, 1000 * i + 3, i, device="cuda") for i, d in enumerate(DTYPES)]
+    tensors += [tensors[0].reshape(-1)[1:], tensors[3][::2], torch.empty(0, device="cuda")]
+    assert fingerprint_many_triton(tensors) == [fingerprint_bytes(tensor_bytes(t)) for t in tensors]
+
+
+@needs_cuda
+def test_cuda_uses_triton_when_available() -> None:
+    pytest.importorskip("triton")
+    assert implementation_name("cuda") == "triton"
+
+
+@needs_cuda
+def test_triton_kept_plan_sees_in_place_changes() -> None:
+    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    x = random_tensor(torch.float32, 100_003, 1, device="cuda")
+    seen = fingerprint_many_triton([x])
+    # Same storage, shape, strides: the launch table is kept (first reuse: captured as a CUDA graph; then
+    # replayed), and every run reads the bytes again.
+    for i in range(3):
+        x.view(torch.int32)[77 + i] ^= 1
+        now = fingerprint_many_triton([x])
+        assert now == [fingerprint_bytes(tensor_bytes(x))] != seen
+        seen = now
+
+
+@needs_cuda
+def test_triton_kept_plan_tells_views_of_one_storage_apart() -> None:
+    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    c = random_tensor(torch.complex64, 64, 2, device="cuda").reshape(8, 8)
+    views = [c, c.conj(), c.t(), c[:4], c.view(torch.float32), c.reshape(-1)[:3]]
+    for _ in range(2):
+        assert [fingerprint_many_triton([v])[0] for v in views] == [fingerprint_bytes(tensor_bytes(v)) for v in views]
+
+
+@needs_cuda
+@pytest.mark.parametrize("extra_bytes", [-9, -8, -1, 0, 1, 7, 8, 9])
+def test_triton_partial_last_word_next_to_a_tile_boundary(extra_bytes: int) -> None:
+    from detlab.worker.fingerprint.triton_impl import CONFIG, fingerprint_many_triton
+
+    t = random_tensor(torch.uint8, 2 * CONFIG.tile * 8 + extra_bytes, 3, device="cuda")
+    pair = [t, t[:5]]
+    assert fingerprint_many_triton(pair) == [fingerprint_bytes(tensor_bytes(v)) for v in pair]
+
+
+@needs_cuda
+def test_triton_plan_cache_is_bounded_and_keeps_no_tensor_alive() -> None:
+    import gc
+    import weakref
+
+    from detlab.worker.fingerprint import triton_impl
+
+    tensors = [torch.full((16,), i, device="cuda") for i in range(triton_impl.CACHE_SIZE + 5)]
+    refs = [weakref.ref(t) for t in tensors]
+    for t in tensors:
+        triton_impl.fingerprint_many_triton([t])
+    assert len(triton_impl._plans) <= triton_impl.CACHE_SIZE
+    del t, tensors
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+@needs_cuda
+def test_triton_kept_graph_is_not_reused_for_another_view_at_the_same_address() -> None:
+    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    x = random_tensor(torch.float32, 64 * 33, 4, device="cuda").reshape(64, 33)
+    for _ in range(3):  # kept, captured, replayed
+        assert fingerprint_many_triton([x]) == [fingerprint_bytes(tensor_bytes(x))]
+    for view in [x.t(), x[:5], x.view(torch.int32), x]:
+        assert fingerprint_many_triton([view]) == [fingerprint_bytes(tensor_bytes(view))]
+
+
+@needs_cuda
+def test_triton_plan_cache_drops_the_least_recently_used_plan() -> None:
+    from detlab.worker.fingerprint import triton_impl
+
+    triton_impl.clear_plan_cache()
+    tensors = [torch.full((16,), i, device="cuda") for i in range(triton_impl.CACHE_SIZE + 1)]
+    for t in tensors[:-1]:
+        triton_impl.fingerprint_many_triton([t])
+    triton_impl.fingerprint_many_triton([tensors[0]])  # the oldest plan, used again
+    triton_impl.fingerprint_many_triton([tensors[-1]])  # one plan too many: the second is dropped
+    kept = {key[2] for key in triton_impl._plans}
+    assert (tensors[0].data_ptr(),) in kept and (tensors[1].data_ptr(),) not in kept
+
+
+@needs_cuda
+def test_a_models_parameters_each_step_as_a_training_loop_passes_them() -> None:
+    model = torch.nn.Linear(33, 17).cuda()
+    params = list(model.parameters())  # require grad; the same list every step, as detlab.worker.ranks.train passes it
+    seen = set()
+    for _ in range(3):
+        digests = fingerprint_many(params)
+        assert digests == [fingerprint_bytes(tensor_bytes(p)) for p in params]
+        seen.add(tuple(digests))
+        with torch.no_grad():
+            model.weight.add_(1.0)
+    assert len(seen) == 3

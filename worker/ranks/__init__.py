@@ -1,0 +1,1 @@
+"""Programs one rank runs, per job kind, launched torchrun-style."""
