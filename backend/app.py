@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 from pathlib import Path
 
 import plotly
@@ -11,12 +12,11 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from detlab import frontend
 from detlab.backend.api import ingest, jobs, meta
 from detlab.backend.limits import BodyLimit
 from detlab.core.settings import get_settings
 
-FRONTEND = Path(frontend.__file__).parent
+FRONTEND = Path(str(files("detlab.frontend")))
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
