@@ -34,6 +34,9 @@ class RunData:
     tensors: list[tuple[str, list[int], str]]  # (name, shape, dtype) by index
     records: dict[tuple[int, int], StepData] = field(default_factory=dict)  # (step, rank) -> data
     fp_versions: set[str] = field(default_factory=lambda: {"fp1"})  # digests of other versions never compare
+    # What the run was meant to record (None: unknown, judged against the other run only) and how it ended.
+    expected_steps: list[int] | None = None
+    status: str | None = None
     # steps() and ranks() are asked once per step of a comparison: cached while `records` keeps its size.
     _cache: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -113,6 +116,41 @@ def _incomparable(a: RunData, b: RunData) -> str | None:
     return None
 
 
+def _ranges(values: list[int], limit: int = 4) -> str:
+    """[1, 2, 3, 7, 9, 10] -> '1-3, 7, 9-10' (the first `limit` ranges, then how many more)."""
+    spans: list[list[int]] = []
+    for v in values:
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    text = ", ".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in spans[:limit])
+    return text + (f" and {len(spans) - limit} more ranges" if len(spans) > limit else "")
+
+
+def missing_data(a: RunData, b: RunData) -> list[str]:
+    """What either run lacks of what it was meant to record (its expected steps, or else the other
+    run's steps), ranks absent at recorded steps, and runs that did not succeed. Empty: complete."""
+    out = []
+    steps_a, steps_b = set(a.steps()), set(b.steps())
+    for run, other_steps in ((a, steps_b), (b, steps_a)):
+        if run.status is not None and run.status != "succeeded":
+            out.append(f"run {run.run_id} {run.status}")
+        expected = set(run.expected_steps) if run.expected_steps is not None else other_steps | set(run.steps())
+        lacking = sorted(expected - set(run.steps()))
+        if lacking:
+            out.append(f"run {run.run_id} lacks {len(lacking)} of {len(expected)} steps ({_ranges(lacking)})")
+        per_step: dict[int, int] = {}
+        for step, _rank in run.records:
+            per_step[step] = per_step.get(step, 0) + 1
+        short = sorted(step for step, n in per_step.items() if n < run.world_size)
+        if short:
+            present = sorted(r for (s, r) in run.records if s == short[0])
+            out.append(f"run {run.run_id} lacks ranks at {len(short)} step(s) ({_ranges(short)}; step {short[0]} "
+                       f"has ranks {present} of {run.world_size})")
+    return out
+
+
 def mean_loss(run: RunData, step: int) -> float | None:
     # Ranks hold equal slices of a fixed global batch, so the mean of rank losses is the global loss.
     losses = [loss for r in run.ranks() if (step, r) in run.records
@@ -125,7 +163,9 @@ def _loss_curve(run: RunData, steps: list[int]) -> list[list[float]]:
 
 
 def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
-    """Verdict between two runs: identical, diverged (where first) or incomparable (why).
+    """Verdict between two runs: identical, diverged (where first), incomplete (no difference among
+    the steps both recorded, but one lacks steps, ranks or did not finish: never `identical`) or
+    incomparable (why). `missing` lists what is missing, whatever the verdict.
 
     Steps are told apart by their model digests; tensor-level detail is given for the steps whose
     packed digests are loaded (the caller loads the first divergent step and a sample of the rest)."""
@@ -133,7 +173,8 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     if reason:
         return {"verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
                 "first_divergent_step": None, "first_divergent_tensors": [], "ranks": [],
-                "steps_differing": 0, "steps_compared": 0, "per_step": [], "loss": {"a": [], "b": []}}
+                "steps_differing": 0, "steps_compared": 0, "per_step": [], "loss": {"a": [], "b": []},
+                "missing": []}
     names = [t[0] for t in a.tensors]
     steps = sorted(set(a.steps()) & set(b.steps()))
     per_rank = a.world_size == b.world_size
@@ -159,11 +200,12 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     lone_ranks = set(a.ranks()) ^ set(b.ranks()) if per_rank else set()
     if lone_ranks:
         notes.append(f"rank(s) {sorted(lone_ranks)} recorded in one run only and were not compared")
-    missing = set(a.steps()) ^ set(b.steps())
-    if missing:
-        notes.append(f"{len(missing)} recorded step(s) exist in one run only and were not compared")
+    lone_steps = set(a.steps()) ^ set(b.steps())
+    if lone_steps:
+        notes.append(f"{len(lone_steps)} recorded step(s) exist in one run only and were not compared")
+    missing = missing_data(a, b)
     return {
-        "verdict": "diverged" if first_step is not None else "identical",
+        "verdict": "diverged" if first_step is not None else "incomplete" if missing else "identical",
         "reason": "; ".join(notes) or None,
         "mode": "per-rank" if per_rank else "rank-consensus",
         "run_a": a.run_id,
@@ -175,6 +217,7 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         "steps_compared": len(steps),
         "per_step": per_step,
         "loss": {"a": _loss_curve(a, steps), "b": _loss_curve(b, steps)},
+        "missing": missing,
     }
 
 
@@ -185,13 +228,16 @@ def differing_steps(a: RunData, b: RunData) -> list[int]:
 
 
 def reproducibility(repeats: list[RunData]) -> dict[str, Any]:
-    """Share of repeats 2..R identical to repeat 1, over the repeats that recorded steps (a run that
-    died before its first step says nothing about reproducibility); None with fewer than two."""
+    """k of n: repeats identical to the first recorded one, over the repeats comparable with it
+    (identical or diverged). Incomplete and incomparable repeats are counted apart, never as
+    identical; a repeat that recorded nothing says nothing. Rate None with nothing comparable."""
     recorded = [r for r in repeats if r.records]
     verdicts = [compare_runs(recorded[0], other)["verdict"] for other in recorded[1:]]
-    same = sum(v == "identical" for v in verdicts)
-    return {"repeats": len(repeats), "recorded": len(recorded), "identical_to_first": same,
-            "rate": same / len(verdicts) if verdicts else None}
+    same = verdicts.count("identical")
+    comparable = same + verdicts.count("diverged")
+    return {"repeats": len(repeats), "recorded": len(recorded), "comparable": comparable,
+            "identical_to_first": same, "incomplete": verdicts.count("incomplete"),
+            "incomparable": verdicts.count("incomparable"), "rate": same / comparable if comparable else None}
 
 
 def step_times(run: RunData, warmup: int) -> list[float]:
@@ -220,6 +266,36 @@ def throughput(runs: list[RunData], global_batch: int, warmup: int = 2) -> dict[
     return {"samples_per_s": statistics.median(rates),
             "spread": [_quantile(rates, 0.25), _quantile(rates, 0.75)],
             "step_time_ms_median": statistics.median(times) * 1e3, "runs": len(runs)}
+
+
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_MAX_STEPS = 5000  # per side; longer runs are thinned evenly (a wider, never narrower, interval)
+
+
+def cost_estimate(baseline: list[RunData], runs: list[RunData], global_batch: int, warmup: int = 2,
+                  *, seed: int = 0) -> dict[str, Any]:
+    """Cost of `runs` against `baseline` (1 - median samples/s / baseline's) with a bootstrap 95 %
+    interval over post-warm-up steps, resampled within each run. `within_noise` when the interval
+    spans 0: the configs' throughputs are not told apart by these measurements."""
+    sides = []
+    for group in (baseline, runs):
+        per_run = [np.asarray(t, dtype=np.float64) for r in group if (t := step_times(r, warmup))]
+        per_run = [t[np.linspace(0, len(t) - 1, BOOTSTRAP_MAX_STEPS // len(per_run)).astype(int)]
+                   if len(t) > BOOTSTRAP_MAX_STEPS // len(per_run) else t for t in per_run]
+        sides.append(per_run)
+    if not sides[0] or not sides[1]:
+        return {"cost": None, "interval": None, "within_noise": None, "resamples": 0}
+    point = cost(throughput(runs, global_batch, warmup)["samples_per_s"],
+                 throughput(baseline, global_batch, warmup)["samples_per_s"])
+    rng = np.random.default_rng(seed)
+
+    def medians(per_run: list[np.ndarray]) -> np.ndarray:
+        draws = [t[rng.integers(0, len(t), size=(BOOTSTRAP_RESAMPLES, len(t)))] for t in per_run]
+        return np.median(global_batch / np.concatenate(draws, axis=1), axis=1)
+
+    costs = 1.0 - medians(sides[1]) / medians(sides[0])
+    lo, hi = (float(x) for x in np.quantile(costs, [0.025, 0.975]))
+    return {"cost": point, "interval": [lo, hi], "within_noise": lo <= 0.0 <= hi, "resamples": BOOTSTRAP_RESAMPLES}
 
 
 def cost(thr: float | None, baseline: float | None) -> float | None:

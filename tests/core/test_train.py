@@ -6,7 +6,16 @@ from collections.abc import Iterable
 
 import pytest
 
-from detlab.core.train import DIGEST_BYTES, RunData, StepData, compare_runs, cost, reproducibility, throughput
+from detlab.core.train import (
+    DIGEST_BYTES,
+    RunData,
+    StepData,
+    compare_runs,
+    cost,
+    cost_estimate,
+    reproducibility,
+    throughput,
+)
 
 TENSORS = [("fc1.weight", [8, 4], "float32"), ("fc1.bias", [8], "float32"), ("fc2.weight", [2, 8], "float32")]
 DIFFERENT = 200  # a digest byte no tensor of make_run holds
@@ -294,12 +303,59 @@ def test_runs_without_common_step_are_incomparable() -> None:
     assert result["reason"] == "the runs share no recorded step"
 
 
-def test_steps_in_one_run_only_are_noted_and_not_compared() -> None:
-    result = compare_runs(make_run(1, steps=range(5)), make_run(2, steps=range(3)))
+def test_a_truncated_run_is_incomplete_never_identical() -> None:
+    result = compare_runs(make_run(1, steps=range(11)), make_run(2, steps=range(4)))
 
-    assert result["verdict"] == "identical"
-    assert result["steps_compared"] == 3
-    assert "2 recorded step(s) exist in one run only" in result["reason"]
+    assert result["verdict"] == "incomplete"
+    assert result["steps_compared"] == 4
+    assert result["missing"] == ["run 2 lacks 7 of 11 steps (4-10)"]
+    assert "7 recorded step(s) exist in one run only" in result["reason"]
+
+
+def test_a_run_short_of_its_expected_steps_is_incomplete_even_when_both_stop_together() -> None:
+    a, b = make_run(1, steps=range(4)), make_run(2, steps=range(4))
+    a.expected_steps = b.expected_steps = list(range(11))
+
+    result = compare_runs(a, b)
+
+    assert result["verdict"] == "incomplete"
+    assert result["missing"] == ["run 1 lacks 7 of 11 steps (4-10)", "run 2 lacks 7 of 11 steps (4-10)"]
+
+
+def test_a_rank_missing_at_a_step_is_incomplete() -> None:
+    b = make_run(2)
+    del b.records[(3, 1)]
+
+    result = compare_runs(make_run(1), b)
+
+    assert result["verdict"] == "incomplete"
+    assert result["missing"] == ["run 2 lacks ranks at 1 step(s) (3; step 3 has ranks [0] of 2)"]
+
+
+def test_a_failed_run_is_incomplete_even_with_every_step() -> None:
+    b = make_run(2)
+    b.status = "failed"
+
+    assert compare_runs(make_run(1), b)["verdict"] == "incomplete"
+    assert compare_runs(make_run(1), b)["missing"] == ["run 2 failed"]
+
+
+def test_a_divergence_before_the_truncation_is_still_a_divergence_with_what_is_missing() -> None:
+    b = make_run(2, steps=range(3))
+    perturb(b, step=1, rank=0, tensor=0)
+
+    result = compare_runs(make_run(1, steps=range(5)), b)
+
+    assert (result["verdict"], result["first_divergent_step"]) == ("diverged", 1)
+    assert result["missing"] == ["run 2 lacks 2 of 5 steps (3-4)"]
+
+
+def test_complete_identical_runs_have_nothing_missing() -> None:
+    a, b = make_run(1), make_run(2)
+    a.expected_steps = b.expected_steps = [0, 1, 2, 3]
+    a.status = b.status = "succeeded"
+
+    assert (compare_runs(a, b)["verdict"], compare_runs(a, b)["missing"]) == ("identical", [])
 
 
 def test_step_in_one_run_only_does_not_hide_divergence() -> None:
@@ -347,11 +403,12 @@ def test_loss_curve_covers_common_steps_only() -> None:
 
 
 def test_reproducibility_of_no_repeats_has_no_rate() -> None:
-    assert reproducibility([]) == {"repeats": 0, "recorded": 0, "identical_to_first": 0, "rate": None}
+    assert reproducibility([]) == {"repeats": 0, "recorded": 0, "comparable": 0, "identical_to_first": 0,
+                                   "incomplete": 0, "incomparable": 0, "rate": None}
 
 
 def test_reproducibility_of_one_repeat_has_no_rate() -> None:
-    assert reproducibility([make_run(1)]) == {"repeats": 1, "recorded": 1, "identical_to_first": 0, "rate": None}
+    assert reproducibility([make_run(1)])["rate"] is None
 
 
 def test_reproducibility_all_identical_is_one() -> None:
@@ -379,9 +436,19 @@ def test_reproducibility_none_identical_is_zero() -> None:
     assert reproducibility([make_run(1), diverged])["rate"] == 0.0
 
 
-def test_reproducibility_counts_incomparable_repeat_as_not_identical() -> None:
+def test_reproducibility_counts_incomparable_repeat_apart_never_as_identical() -> None:
     other_tensors = make_run(2, tensors=[("other.weight", [4], "float32")])
-    assert reproducibility([make_run(1), other_tensors])["rate"] == 0.0
+    result = reproducibility([make_run(1), other_tensors, make_run(3)])
+    counts = (result["comparable"], result["identical_to_first"], result["incomparable"], result["rate"])
+    assert counts == (1, 1, 1, 1.0)
+
+
+def test_reproducibility_reads_k_of_n_over_comparable_repeats() -> None:
+    # 3 repeats: one identical to the first, one truncated: 1 of 1 comparable, 1 incomplete (not "2 identical").
+    truncated = make_run(3, steps=range(2))
+    result = reproducibility([make_run(1), make_run(2), truncated])
+    assert (result["repeats"], result["comparable"], result["identical_to_first"], result["incomplete"],
+            result["rate"]) == (3, 1, 1, 1, 1.0)
 
 
 def test_reproducibility_compares_each_repeat_to_the_first() -> None:
@@ -485,7 +552,7 @@ def test_reproducibility_ignores_repeats_that_recorded_nothing() -> None:
     dead = make_run(9)
     dead.records.clear()
     result = reproducibility([make_run(1), dead, make_run(2)])
-    assert result == {"repeats": 3, "recorded": 2, "identical_to_first": 1, "rate": 1.0}
+    assert (result["repeats"], result["recorded"], result["identical_to_first"], result["rate"]) == (3, 2, 1, 1.0)
 
 
 def test_reproducibility_is_unknown_when_every_repeat_died() -> None:
@@ -527,3 +594,43 @@ def test_detail_steps_keep_the_first_and_sample_the_rest() -> None:
     chosen = detail_steps(list(range(5, 100_005)))
     assert chosen[0] == 5 and len(chosen) <= DETAIL_STEPS + 1 and chosen == sorted(chosen)
     assert detail_steps([3, 9]) == [3, 9]
+
+
+# --- cost with a bootstrap interval --------------------------------------------------------------
+
+
+def noisy(center: float, n: int, seed: int) -> list[float]:
+    import random
+
+    rng = random.Random(seed)
+    return [center * (1 + rng.uniform(-0.3, 0.3)) for _ in range(n)]
+
+
+def test_cost_of_two_runs_of_one_config_is_within_noise() -> None:
+    result = cost_estimate([timed_run(noisy(0.1, 40, 1), 1)], [timed_run(noisy(0.1, 40, 2), 2)], 10)
+    lo, hi = result["interval"]
+    assert lo < 0 < hi and result["within_noise"] is True
+
+
+def test_a_clearly_slower_config_has_an_interval_around_its_cost_that_excludes_zero() -> None:
+    result = cost_estimate([timed_run(noisy(0.1, 40, 1), 1)], [timed_run(noisy(0.2, 40, 2), 2)], 10)
+    lo, hi = result["interval"]
+    assert 0 < lo < result["cost"] < hi < 1 and result["within_noise"] is False
+    assert result["cost"] == pytest.approx(0.5, abs=0.1)
+
+
+def test_cost_interval_excludes_warmup_steps() -> None:
+    # The slow first steps (compilation, allocator warm-up) must not make B look slower.
+    a = timed_run([0.1] * 20, 1)
+    b = timed_run([5.0, 5.0] + [0.1] * 18, 2)
+    result = cost_estimate([a], [b], 10, warmup=2)
+    assert result["cost"] == pytest.approx(0.0) and result["interval"] == pytest.approx([0.0, 0.0])
+
+
+def test_cost_interval_is_none_without_timed_steps() -> None:
+    assert cost_estimate([], [timed_run([0.1] * 5, 2)], 10)["interval"] is None
+
+
+def test_cost_interval_is_reproducible() -> None:
+    args = ([timed_run(noisy(0.1, 30, 1), 1)], [timed_run(noisy(0.12, 30, 2), 2)], 10)
+    assert cost_estimate(*args) == cost_estimate(*args)
