@@ -8,8 +8,9 @@ from importlib.resources import files
 from pathlib import Path
 
 import plotly
-from fastapi import FastAPI
-from fastapi.responses import FileResponse, Response
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from detlab.backend.api import ingest, jobs, meta
@@ -38,6 +39,13 @@ def create_app(*, reconciler: bool = True) -> FastAPI:
     app = FastAPI(title="detlab", version="0.1.0", lifespan=lifespan)
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Each error's place and message, without echoing the input: FastAPI's default answer echoes
+        # it, and a NaN there (a blown-up loss, `world_size: NaN`) cannot be written as JSON: a 500.
+        detail = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     app.include_router(meta.router)
     app.include_router(jobs.router)

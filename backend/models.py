@@ -17,8 +17,9 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    select,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, object_session, relationship
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -68,8 +69,39 @@ class Job(Base):
     queue: Mapped[str] = mapped_column(String(64), default="default")
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     finished_at: Mapped[datetime | None]
+    # Computed once, when the job settles (train: its comparison; collective/sweep: its cells); null
+    # until then ({} when it finished with nothing recorded). Jobs finished before the column existed
+    # get theirs on the first read of a result page.
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
     runs: Mapped[list[Run]] = relationship(back_populates="job", order_by="Run.id")
+
+    @property
+    def configs(self) -> list[Config]:
+        """The job's configs in its order (a config listed twice appears twice)."""
+        session = object_session(self)
+        assert session is not None, "a job's configs are looked up through its session"
+        by_id = {c.id: c for c in session.scalars(select(Config).where(Config.id.in_(self.config_ids)))}
+        return [by_id[i] for i in self.config_ids]
+
+    @property
+    def config_names(self) -> list[str]:
+        return [c.name for c in self.configs]
+
+    @property
+    def progress(self) -> float:
+        """Share of the steps done over all runs (a finished run counts whole, even if it stopped early)."""
+        total = sum(r.steps_total for r in self.runs) or 1
+        done = sum(r.steps_total if r.status in FINISHED else r.steps_done for r in self.runs)
+        return min(1.0, done / total)
+
+    @property
+    def verdict(self) -> str | None:
+        """The train verdict for listings. Jobs settled before results were stored kept it in params."""
+        if self.result is not None:
+            return self.result.get("verdict")
+        verdict = self.params.get("verdict")
+        return verdict if isinstance(verdict, str) else None
 
 
 class Run(Base):

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
 
-
-class BitFlip(BaseModel):
-    """Fault injection: flip one bit of one tensor on one rank after a step (to validate detection)."""
-
-    model_config = ConfigDict(extra="forbid")
-    step: int = Field(ge=1)
-    tensor: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.]+$")
-    rank: int = Field(default=0, ge=0)
-
-
+# The ingest bodies (Claim, RecordsBatch, CommLogUpload, Finish, Heartbeat) are the wire contract
+# between server and worker: detlab.core.wire.
+from detlab.core.wire import BitFlip
 
 
 class CollectiveParams(BaseModel):
@@ -67,7 +61,15 @@ class JobCreate(BaseModel):
     queue: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")
 
 
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+IsoTime = Annotated[str, BeforeValidator(_iso)]
+
+
 class RunRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
     id: int
     config_index: int
     repeat: int
@@ -82,6 +84,7 @@ class RunRead(BaseModel):
 
 
 class ConfigRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
     id: int
     name: str
     hash: str
@@ -89,6 +92,7 @@ class ConfigRead(BaseModel):
 
 
 class JobRead(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
     id: int
     kind: str
     workload: str
@@ -97,18 +101,19 @@ class JobRead(BaseModel):
     steps: int
     repeats: int
     params: dict[str, Any]
-    created_at: str
+    created_at: IsoTime
     configs: list[ConfigRead]
     runs: list[RunRead]
     progress: float
 
 
 class JobSummary(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
     id: int
     kind: str
     workload: str
     status: str
-    created_at: str
+    created_at: IsoTime
     world_size: int
     steps: int
     repeats: int
@@ -121,37 +126,128 @@ class JobsPage(BaseModel):
     total: int
 
 
-class Claim(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    worker: str = Field(min_length=1, max_length=255)
+class OpenModel(BaseModel):
+    """Known keys typed; keys added later (or by a newer report) pass through unchanged."""
+
+    model_config = ConfigDict(extra="allow")
 
 
-class RecordsBatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    attempt: int = Field(ge=1)
-    records: list[dict[str, Any]] = Field(max_length=10_000)
+# Results: the top level and the fixed rows are typed; rows whose keys vary by source stay dicts.
+
+class KeyDiff(OpenModel):
+    """A key whose value differs between A and B (a config's dotted key, a log fact)."""
+
+    key: str
+    a: Any
+    b: Any
 
 
-class CommLogUpload(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    attempt: int = Field(ge=1)
-    rank: int = Field(ge=0)
-    zlib_b64: str = Field(max_length=8 << 20)
-    raw_bytes: int = Field(ge=0)
-    truncated: bool = False
+class ThroughputRow(OpenModel):
+    config_index: int
+    name: str
+    samples_per_s: float | None
+    spread: list[float] | None
+    step_time_ms_median: float | None
+    runs: int
+    cost: float | None
+    cost_interval: list[float] | None = None  # bootstrap 95 % interval of the cost
+    within_noise: bool | None = None  # the interval spans 0
+    cost_text: str = ""
 
 
-class Finish(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    attempt: int = Field(ge=1)
-    status: Literal["succeeded", "failed"]
-    error: str | None = Field(default=None, max_length=20_000)
+class ReproducibilityRow(OpenModel):
+    config_index: int
+    name: str
+    repeats: int
+    recorded: int
+    comparable: int = 0  # repeats compared with the first that were identical or diverged
+    identical_to_first: int
+    incomplete: int = 0
+    incomparable: int = 0
+    rate: float | None  # identical_to_first / comparable
 
 
-class Heartbeat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    worker: str = Field(min_length=1, max_length=255)
-    queue: str = Field(min_length=1, max_length=64)
-    run_id: int | None = None
-    attempt: int | None = None
-    info: dict[str, Any] = Field(default_factory=dict)
+class StepDiff(OpenModel):
+    step: int
+    tensors_differing: int | None
+
+
+class EnvFact(OpenModel):
+    key: str
+    a: Any
+    b: Any
+    differs: bool
+
+
+class TrainResult(OpenModel):
+    """GET /jobs/{id}/comparison: the verdict between the first runs of the first two configs, throughput
+    and cost per config, reproducibility of repeats. A single-config job has no two-run keys (mode … missing,
+    environment): they are absent, not null."""
+
+    verdict: str | None
+    reason: str | None
+    mode: str | None = None
+    run_a: int | None = None
+    run_b: int | None = None
+    first_divergent_step: int | None = None
+    first_divergent_tensors: list[str] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=list)
+    steps_differing: int = 0
+    steps_compared: int = 0
+    per_step: list[StepDiff] = Field(default_factory=list)
+    loss: dict[str, list[tuple[int, float | None]]] = Field(default_factory=dict)
+    missing: list[str] = Field(default_factory=list)
+    config_diff: list[KeyDiff]
+    environment: list[EnvFact] = Field(default_factory=list)
+    throughput: list[ThroughputRow]
+    reproducibility: list[ReproducibilityRow]
+    effective_mismatches: list[dict[str, Any]]
+
+
+class CollectiveConfig(OpenModel):
+    index: int
+    name: str
+    env: dict[str, Any]
+
+
+class EqualityRow(OpenModel):
+    op: str
+    dtype: str
+    bytes: int
+    equal: list[list[bool | None]]
+
+
+class CollectiveResult(OpenModel):
+    """GET /jobs/{id}/collective: per config × (op, dtype, size) cells, cross-config equality, effective
+    settings from NCCL/RCCL logs, and the nccl-tests-style export."""
+
+    world_size: int
+    configs: list[CollectiveConfig]
+    cells: list[dict[str, Any]]
+    equality: list[EqualityRow]
+    effective: list[dict[str, Any]]
+    logs: list[dict[str, Any]]
+    note: str | None
+    export: dict[str, Any]
+
+
+class PlotlyFigure(OpenModel):
+    """A figure as plotly.js takes it (Figure.to_plotly_json)."""
+
+    data: list[dict[str, Any]]
+    layout: dict[str, Any]
+
+
+class CollectiveFigures(BaseModel):
+    """The figures of a collective or sweep job page, keyed by the div they are drawn in."""
+
+    heatmap: PlotlyFigure
+    bandwidth: PlotlyFigure
+    frontier: PlotlyFigure
+    equality: PlotlyFigure
+
+
+class LogDiff(BaseModel):
+    a: int
+    b: int
+    diff: list[KeyDiff]

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from detlab.worker.runner import free_port
+from detlab.worker.launch import free_port
 
 SWEEP_KNOBS = {"NCCL_ALGO": [None, "Ring", "Tree"], "NCCL_PROTO": [None, "LL", "LL128", "Simple"],
                "channels": [None, "1"]}

@@ -68,7 +68,7 @@ def up(port: int = 8000,
 
     get_settings().resolved_ingest_token()  # created once, read by the worker from the data dir
     _migrate()
-    from detlab.worker.runner import die_with_parent
+    from detlab.worker.launch import die_with_parent
 
     # uvicorn re-raises SIGTERM after its shutdown, so `finally` below may never run: the worker
     # also learns of our death from the kernel (a warm shutdown; its ranks die with it).
@@ -175,7 +175,8 @@ def fingerprint(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     certificate: Annotated[bool, typer.Option(help="add a sha256 of the same bytes (audits, exports)")] = False,
 ) -> None:
-    """Print the fp1 fingerprint of every tensor in a checkpoint."""
+    """Print the fp1 fingerprint of every tensor in a checkpoint. Exit 2 when the file or a tensor cannot be read
+    (sparse, quantized, nested or meta tensors are refused: the message names the tensor and what to do)."""
     found = _checkpoint_fingerprints(path, certificate)
     if as_json:
         typer.echo(json.dumps(found))
@@ -189,22 +190,32 @@ def fingerprint(
 def diff(
     a: Annotated[Path, typer.Argument(help="checkpoint A")],
     b: Annotated[Path, typer.Argument(help="checkpoint B")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object: mode, differ, only_a, only_b")] = False,
+    strict: Annotated[bool, typer.Option(help="compare sha256 of each tensor's bytes, not keyed digests")] = False,
 ) -> None:
-    """List tensors that differ between two checkpoints. Exit 0 when identical, 1 otherwise (a CI gate)."""
-    from detlab.worker.checkpoint import diff as diff_checkpoints
+    """List tensors that differ between two checkpoints. Exit 0 when identical, 1 otherwise, 2 when a file or a
+    tensor cannot be read (a CI gate). Tensors are compared by dtype, shape and digest: fp1 under a random key
+    drawn for this run, so collisions prepared against fp1's public constants do not carry over, or with
+    --strict sha256 (docs/fingerprint.md, "Threat model")."""
+    from detlab.worker.checkpoint import CheckpointError, diff_files
 
-    result = diff_checkpoints(_checkpoint_fingerprints(a), _checkpoint_fingerprints(b))
+    try:
+        result = diff_files(a, b, strict=strict)
+    except CheckpointError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    found = [result["differ"], result["only_a"], result["only_b"]]
     if as_json:
         typer.echo(json.dumps(result))
     else:
-        for label, names in (("differs", result["differ"]), (f"only in {a}", result["only_a"]),
-                             (f"only in {b}", result["only_b"])):
+        how = {"keyed": "fp1 under a random key drawn for this run", "strict": "sha256 of each tensor's bytes"}
+        typer.echo(f"mode: {result['mode']} ({how[result['mode']]})")
+        for label, names in zip(("differs", f"only in {a}", f"only in {b}"), found, strict=True):
             for name in names:
                 typer.echo(f"{label}: {name}")
         counts = f"{len(result['differ'])} differ, {len(result['only_a'])} only in A, {len(result['only_b'])} only in B"
-        typer.echo("identical" if not any(result.values()) else counts)
-    raise typer.Exit(1 if any(result.values()) else 0)
+        typer.echo("identical" if not any(found) else counts)
+    raise typer.Exit(1 if any(found) else 0)
 
 
 @app.command("import-results")

@@ -1,13 +1,29 @@
-"""HTTP client of the ingest API, used by workers (and by the SDK in users' scripts)."""
+"""HTTP client of the ingest API, used by workers (and by the SDK in users' scripts).
+
+Bodies and replies are the wire models of detlab.core.wire."""
 
 from __future__ import annotations
 
 import base64
 import time
 import zlib
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+from pydantic import BaseModel, ValidationError
+
+from detlab.core.wire import (
+    MAX_ERROR_CHARS,
+    Claim,
+    CommLogUpload,
+    Finish,
+    Heartbeat,
+    Record,
+    RecordsBatch,
+    RunSpec,
+    WorkerInfo,
+    explain,
+)
 
 
 class IngestError(RuntimeError):
@@ -18,18 +34,27 @@ class Stale(IngestError):
     """The API refused the request because the run moved on (finished, or another attempt)."""
 
 
+class BadSpec(IngestError):
+    """The claim reply is not a runnable spec; `attempt` is the attempt it started, when it says."""
+
+    def __init__(self, message: str, attempt: int | None) -> None:
+        super().__init__(message)
+        self.attempt = attempt
+
+
 class IngestClient:
     def __init__(self, api_url: str, token: str, *, retries: int = 8, timeout_s: float = 30.0) -> None:
         self._http = httpx.Client(base_url=api_url.rstrip("/"), timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {token}"})
         self._retries = retries
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, path: str, body: BaseModel) -> dict[str, Any]:
         # Every ingest call is idempotent, so retrying after a lost response is safe.
+        payload = body.model_dump(mode="json")
         delay = 0.2
         for attempt in range(self._retries + 1):
             try:
-                resp = self._http.post(path, json=body)
+                resp = self._http.post(path, json=payload)
             except httpx.TransportError:
                 if attempt == self._retries:
                     raise
@@ -46,21 +71,32 @@ class IngestClient:
             delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 
-    def claim(self, run_id: int, worker: str) -> dict[str, Any]:
-        return self._post(f"/api/v1/ingest/runs/{run_id}/claim", {"worker": worker})
+    def claim(self, run_id: int, worker: str) -> RunSpec:
+        """Start a new attempt of the run; raises Stale when another worker owns it."""
+        reply = self._post(f"/api/v1/ingest/runs/{run_id}/claim", Claim(worker=worker))
+        try:
+            return RunSpec.model_validate(reply)
+        except ValidationError as exc:
+            attempt = reply.get("attempt") if isinstance(reply, dict) else None
+            raise BadSpec(f"the claim reply is not a runnable spec: {explain(exc)}",
+                          attempt if isinstance(attempt, int) else None) from exc
 
-    def records(self, run_id: int, attempt: int, records: list[dict[str, Any]]) -> None:
-        self._post(f"/api/v1/ingest/runs/{run_id}/records", {"attempt": attempt, "records": records})
+    def records(self, run_id: int, attempt: int, records: list[Record]) -> None:
+        self._post(f"/api/v1/ingest/runs/{run_id}/records", RecordsBatch(attempt=attempt, records=records))
 
     def comm_log(self, run_id: int, attempt: int, rank: int, text: bytes, raw_bytes: int, truncated: bool) -> None:
-        body = {"attempt": attempt, "rank": rank, "zlib_b64": base64.b64encode(zlib.compress(text, 6)).decode(),
-                "raw_bytes": raw_bytes, "truncated": truncated}
-        self._post(f"/api/v1/ingest/runs/{run_id}/commlog", body)
+        upload = CommLogUpload(attempt=attempt, rank=rank, zlib_b64=base64.b64encode(zlib.compress(text, 6)).decode(),
+                               raw_bytes=raw_bytes, truncated=truncated)
+        self._post(f"/api/v1/ingest/runs/{run_id}/commlog", upload)
 
-    def finish(self, run_id: int, attempt: int, status: str, error: str | None = None) -> None:
-        self._post(f"/api/v1/ingest/runs/{run_id}/finish", {"attempt": attempt, "status": status, "error": error})
+    def finish(self, run_id: int, attempt: int, status: Literal["succeeded", "failed"],
+               error: str | None = None) -> None:
+        # An error over the cap keeps its head (what failed) and its tail (the rank's last output).
+        if error is not None and len(error) > MAX_ERROR_CHARS:
+            error = error[: MAX_ERROR_CHARS // 2] + "\n[...]\n" + error[-(MAX_ERROR_CHARS // 2 - 7) :]
+        self._post(f"/api/v1/ingest/runs/{run_id}/finish", Finish(attempt=attempt, status=status, error=error))
 
     def heartbeat(self, worker: str, queue: str, run_id: int | None, attempt: int | None,
-                  info: dict[str, Any] | None = None) -> None:
-        self._post("/api/v1/ingest/heartbeat", {"worker": worker, "queue": queue, "run_id": run_id,
-                                                "attempt": attempt, "info": info or {}})
+                  info: WorkerInfo | None = None) -> None:
+        beat = Heartbeat(worker=worker, queue=queue, run_id=run_id, attempt=attempt, info=info or WorkerInfo())
+        self._post("/api/v1/ingest/heartbeat", beat)

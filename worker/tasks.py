@@ -11,6 +11,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from detlab.core.broker import EXECUTE_RUN, celery_conf
 from detlab.core.settings import get_settings
+from detlab.core.wire import WorkerInfo
 from detlab.worker import runner
 from detlab.worker.client import IngestClient
 from detlab.worker.workloads import describe
@@ -40,7 +41,7 @@ def execute_run(self, run_id: int) -> str:  # type: ignore[no-untyped-def]
 def _beat() -> None:
     settings = get_settings()
     client = IngestClient(settings.api_url, settings.resolved_ingest_token(), retries=0)
-    info = {"workloads": [w.model_dump() for w in describe()]}  # what this node can run
+    info = WorkerInfo(workloads=describe())  # what this node can run
     while not _stop.wait(settings.heartbeat_interval_s):
         try:
             client.heartbeat(worker_name(), settings.queue, runner.CURRENT.run_id, runner.CURRENT.attempt, info)

@@ -12,15 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from detlab.core.collective import DTYPE_BYTES, OPS, format_table, nccl_tests_json, summarize, verdict
-from detlab.worker.runner import SpoolReader, free_port
+from detlab.core.wire import CollectiveSpec, EnvRecord, RankSpec, Record, TrialRecord, explain
+from detlab.worker.launch import RankFailed, RanksTimedOut, launch_ranks
 
 MAX_SIZES = 24
 ENV_PREFIXES = ("NCCL_", "RCCL_", "CUBLAS_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCH_NCCL_")
@@ -108,62 +110,32 @@ def sizes(args: argparse.Namespace) -> list[int]:
     return out
 
 
-def build_spec(args: argparse.Namespace, spool_dir: str | None) -> dict[str, Any]:
-    """The detlab.worker.ranks.collective spec for these arguments."""
-    return {"ops": args.ops, "dtypes": args.dtypes, "sizes": sizes(args), "trials": args.trials,
-            "warmup": args.warmup, "seed": args.seed, "threads": args.threads, "spool_dir": spool_dir,
-            "device": "cuda" if args.backend == "nccl" else "cpu", "ref_max_elems": args.ref_max_elems}
+def build_spec(args: argparse.Namespace) -> RankSpec:
+    """The detlab.worker.ranks.collective spec for these (checked) arguments; UsageError when out of bounds."""
+    try:
+        collective = CollectiveSpec(ops=args.ops, dtypes=args.dtypes, sizes=sizes(args), trials=args.trials,
+                                    warmup=args.warmup)
+        return RankSpec(kind="collective", workload="collective", world_size=args.world_size,
+                        steps=collective.cells(), seed=args.seed, threads=args.threads, collective=collective,
+                        device="cuda" if args.backend == "nccl" else "cpu", ref_max_elems=args.ref_max_elems)
+    except ValidationError as exc:
+        raise UsageError(explain(exc)) from exc
 
 
-class RankFailed(RuntimeError):
-    """A spawned rank exited non-zero or the run passed its timeout."""
+def launch(spec: RankSpec, *, timeout_s: float = 600.0) -> list[Record]:
+    """Spawn the spec's `world_size` collective ranks torchrun-style; returns every record they spooled.
 
-
-def _rank_env(rank: int, world_size: int, port: int, threads: int | None) -> dict[str, str]:
-    # torchrun's variables on top of ours, so a user's NCCL_* settings reach the ranks unchanged
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-           "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-           "PYTHONUNBUFFERED": "1"}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
-
-
-def launch(spec: dict[str, Any], world_size: int, *, timeout_s: float = 600.0) -> list[dict[str, Any]]:
-    """Spawn `world_size` ranks of detlab.worker.ranks.collective torchrun-style; returns every record they spooled."""
+    The ranks get this process's environment, so a user's NCCL_* settings reach them unchanged."""
+    records: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="detlab-verify-") as tmp:
-        folder = Path(tmp)
-        spec_path = folder / "spec.json"
-        spec_path.write_text(json.dumps({**spec, "spool_dir": str(folder)}))
-        port, procs = free_port(), []
         try:
-            for rank in range(world_size):
-                env = _rank_env(rank, world_size, port, spec.get("threads"))
-                with (folder / f"rank{rank}.stderr").open("wb") as err:
-                    procs.append(subprocess.Popen([sys.executable, "-m", "detlab.worker.ranks.collective", str(spec_path)],
-                                                  env=env, stdout=err, stderr=subprocess.STDOUT))
-            deadline = time.monotonic() + timeout_s
-            while True:
-                codes = [p.poll() for p in procs]
-                bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
-                if bad:
-                    tail = (folder / f"rank{bad[0]}.stderr").read_bytes()[-4000:].decode(errors="replace")
-                    raise RankFailed(f"rank {bad[0]} exited with code {codes[bad[0]]}; its output ends:\n{tail}")
-                if all(c == 0 for c in codes):
-                    break
-                if time.monotonic() > deadline:
-                    raise RankFailed(f"ranks still running after {timeout_s:.0f} s (--timeout); killed")
-                time.sleep(0.1)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait()
-        return SpoolReader(folder).read()
+            launch_ranks(spec, Path(tmp), on_records=records.extend, timeout_s=timeout_s, poll_s=0.1)
+        except RanksTimedOut as exc:
+            raise RanksTimedOut(f"{exc} (raise --timeout)") from exc
+    return records
 
 
-def _in_process(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def _in_process(spec: RankSpec) -> list[Record]:
     """Run as one torchrun rank; every rank gets every rank's records."""
     import torch.distributed as dist
 
@@ -176,16 +148,16 @@ def _in_process(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for records in everyone for r in records]
 
 
-def _meta(args: argparse.Namespace, argv: list[str], records: list[dict[str, Any]], start: str) -> dict[str, Any]:
-    envs = sorted((r for r in records if r.get("type") == "env"), key=lambda r: int(r["rank"]))
+def _meta(args: argparse.Namespace, argv: list[str], records: list[Record], start: str) -> dict[str, Any]:
+    envs = sorted((r for r in records if isinstance(r, EnvRecord)), key=lambda r: r.rank)
     return {
         "start_time": start, "end_time": time.strftime("%Y-%m-%d %H:%M:%S"),
         "args": ["detlab", "verify-collective", *argv],
         "env": [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)],
-        "nccl_version": envs[0].get("nccl") if envs else None, "world_size": args.world_size,
+        "nccl_version": envs[0].nccl if envs else None, "world_size": args.world_size,
         "min_bytes": args.min_bytes, "max_bytes": args.max_bytes, "step_factor": args.step_factor,
         "warmup": args.warmup, "trials": args.trials, "backend": args.backend,
-        "devices": [{"rank": e["rank"], "hostname": e.get("host"), "device_info": e.get("device")} for e in envs],
+        "devices": [{"rank": e.rank, "hostname": e.host, "device_info": e.device} for e in envs],
     }
 
 
@@ -198,19 +170,17 @@ def main(argv: list[str]) -> int:
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     try:
         _check(args, under_torchrun)
+        spec = build_spec(args)
     except UsageError as exc:
         print(f"detlab verify-collective: error: {exc}", file=sys.stderr)
         return 2
     start = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
-        if under_torchrun:
-            records = _in_process(build_spec(args, None))
-        else:
-            records = launch(build_spec(args, None), args.world_size, timeout_s=args.timeout)
+        records = _in_process(spec) if under_torchrun else launch(spec, timeout_s=args.timeout)
     except RankFailed as exc:
         print(f"detlab verify-collective: {exc}", file=sys.stderr)
         return 1
-    summary = summarize(records, args.world_size)
+    summary = summarize([r.model_dump() for r in records if isinstance(r, TrialRecord)], args.world_size)
     ok, line = verdict(summary)
     if int(os.environ.get("RANK", 0)) == 0:
         if args.json:

@@ -1,17 +1,30 @@
-"""Ingest: the authenticated path by which workers and the SDK report runs."""
+"""Ingest: the authenticated path by which workers and the SDK report runs.
+
+Bodies and replies are the wire contract (detlab.core.wire): a malformed record is a 422 naming its
+field before anything is stored."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from fastapi import APIRouter, HTTPException
 
 from detlab.backend.api.deps import IngestAuth, SessionDep, SettingsDep
 from detlab.backend.models import Run
-from detlab.backend.schemas import Claim, CommLogUpload, Finish, Heartbeat, RecordsBatch
 from detlab.backend.services import ingest, workers
+from detlab.core.wire import (
+    Claim,
+    CommLogStored,
+    CommLogUpload,
+    Finish,
+    Heartbeat,
+    HeartbeatAck,
+    RecordsAccepted,
+    RecordsBatch,
+    RunSpec,
+    RunStatus,
+)
 
 router = APIRouter(prefix="/api/v1/ingest", tags=["ingest"], dependencies=[IngestAuth])
 
@@ -26,7 +39,7 @@ def _run(session: SessionDep, run_id: int) -> Run:
 
 @contextmanager
 def as_http_errors() -> Iterator[None]:
-    """A run in the wrong state is a 409 (the worker stops); a malformed record a 422."""
+    """A run in the wrong state is a 409 (the worker stops); a record the run cannot take a 422."""
     try:
         yield
     except ingest.Conflict as exc:
@@ -35,8 +48,8 @@ def as_http_errors() -> Iterator[None]:
         raise HTTPException(422, str(exc)) from exc
 
 
-@router.post("/runs/{run_id}/claim")
-def claim_run(run_id: int, body: Claim, session: SessionDep, settings: SettingsDep) -> dict[str, Any]:
+@router.post("/runs/{run_id}/claim", response_model=RunSpec)
+def claim_run(run_id: int, body: Claim, session: SessionDep, settings: SettingsDep) -> RunSpec:
     with as_http_errors():
         spec = ingest.claim(session=session, run=_run(session, run_id), worker=body.worker,
                             stale_after_s=settings.run_stale_after_s)
@@ -44,33 +57,33 @@ def claim_run(run_id: int, body: Claim, session: SessionDep, settings: SettingsD
     return spec
 
 
-@router.post("/runs/{run_id}/records")
-def add_records(run_id: int, batch: RecordsBatch, session: SessionDep) -> dict[str, int]:
+@router.post("/runs/{run_id}/records", response_model=RecordsAccepted)
+def add_records(run_id: int, batch: RecordsBatch, session: SessionDep) -> RecordsAccepted:
     with as_http_errors():
         accepted = ingest.add_records(session=session, run=_run(session, run_id), batch=batch)
     session.commit()
-    return {"accepted": accepted}
+    return RecordsAccepted(accepted=accepted)
 
 
-@router.post("/runs/{run_id}/commlog")
-def add_comm_log(run_id: int, upload: CommLogUpload, session: SessionDep) -> dict[str, Any]:
+@router.post("/runs/{run_id}/commlog", response_model=CommLogStored)
+def add_comm_log(run_id: int, upload: CommLogUpload, session: SessionDep) -> CommLogStored:
     with as_http_errors():
         parsed = ingest.add_comm_log(session=session, run=_run(session, run_id), upload=upload)
     session.commit()
-    return {"version": parsed.get("version"), "library": parsed.get("library")}
+    return CommLogStored(version=parsed.get("version"), library=parsed.get("library"))
 
 
-@router.post("/runs/{run_id}/finish")
-def finish_run(run_id: int, body: Finish, session: SessionDep) -> dict[str, str]:
+@router.post("/runs/{run_id}/finish", response_model=RunStatus)
+def finish_run(run_id: int, body: Finish, session: SessionDep) -> RunStatus:
     run = _run(session, run_id)
     with as_http_errors():
         ingest.finish(session=session, run=run, attempt=body.attempt, status=body.status, error=body.error)
     session.commit()
-    return {"status": run.status}
+    return RunStatus(status=run.status)
 
 
-@router.post("/heartbeat")
-def heartbeat(beat: Heartbeat, session: SessionDep) -> dict[str, bool]:
+@router.post("/heartbeat", response_model=HeartbeatAck)
+def heartbeat(beat: Heartbeat, session: SessionDep) -> HeartbeatAck:
     workers.heartbeat(session=session, beat=beat)
     session.commit()
-    return {"ok": True}
+    return HeartbeatAck(ok=True)

@@ -1,9 +1,8 @@
-"""Jobs: submit, list, read, compare."""
+"""Jobs: submit, list, read; their results and figures; runs' NCCL/RCCL logs."""
 
 from __future__ import annotations
 
 import zlib
-from collections import OrderedDict
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
@@ -13,19 +12,28 @@ from sqlalchemy import select
 from detlab.backend.api.deps import CurrentUser, SessionDep, SettingsDep
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import train as train_figures
-from detlab.backend.models import FINISHED, CommLog, Run, utcnow
-from detlab.backend.reports import collective as collective_report
-from detlab.backend.reports import train as train_report
-from detlab.backend.schemas import JobCreate, JobRead, JobsPage
+from detlab.backend.models import CommLog, Job, Run, utcnow
+from detlab.backend.schemas import (
+    CollectiveFigures,
+    CollectiveResult,
+    JobCreate,
+    JobRead,
+    JobsPage,
+    JobSummary,
+    LogDiff,
+    PlotlyFigure,
+    TrainResult,
+)
 from detlab.backend.services import jobs
 from detlab.backend.services.dispatch import dispatch
+from detlab.backend.services.settle import is_collective, job_result
 from detlab.core import commlog
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=201, response_model=JobRead)
-def submit_job(data: JobCreate, session: SessionDep, settings: SettingsDep, user: CurrentUser) -> dict[str, Any]:
+def submit_job(data: JobCreate, session: SessionDep, settings: SettingsDep, user: CurrentUser) -> JobRead:
     try:
         job = jobs.create_job(session=session, data=data, settings=settings, submitter=user)
     except jobs.InvalidJob as exc:
@@ -38,22 +46,16 @@ def submit_job(data: JobCreate, session: SessionDep, settings: SettingsDep, user
     for run in runs:
         dispatch(run.id, job.queue)
     session.refresh(job)
-    return jobs.read_job(session=session, job=job)
+    return JobRead.model_validate(job)
 
 
 @router.get("", response_model=JobsPage)
-def list_jobs(session: SessionDep, limit: int = Query(20, ge=1, le=200), offset: int = Query(0, ge=0)) -> dict:
+def list_jobs(session: SessionDep, limit: int = Query(20, ge=1, le=200), offset: int = Query(0, ge=0)) -> JobsPage:
     items, total = jobs.list_jobs(session=session, limit=limit, offset=offset)
-    out = []
-    for job in items:
-        names = [c.name for c in jobs.job_configs(session=session, job=job)]
-        out.append({"id": job.id, "kind": job.kind, "workload": job.workload, "status": job.status,
-                    "created_at": job.created_at.isoformat(), "world_size": job.world_size, "steps": job.steps,
-                    "repeats": job.repeats, "config_names": names, "verdict": job.params.get("verdict")})
-    return {"items": out, "total": total}
+    return JobsPage(items=[JobSummary.model_validate(job) for job in items], total=total)
 
 
-def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-def]
+def _job_or_404(session: SessionDep, job_id: int) -> Job:
     job = jobs.load_job(session=session, job_id=job_id)
     if job is None:
         raise HTTPException(404, f"no job {job_id}")
@@ -61,68 +63,50 @@ def _job_or_404(session: SessionDep, job_id: int):  # type: ignore[no-untyped-de
 
 
 @router.get("/{job_id}", response_model=JobRead)
-def read_job(job_id: int, session: SessionDep) -> dict[str, Any]:
-    return jobs.read_job(session=session, job=_job_or_404(session, job_id))
+def read_job(job_id: int, session: SessionDep) -> JobRead:
+    return JobRead.model_validate(_job_or_404(session, job_id))
 
 
-# A finished job's records no longer change (ingest refuses finished runs), so its comparison is
-# built once per API process, not once per request: a job page asks for it three times.
-_FINISHED_COMPARISONS: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
-_CACHE_SIZE = 32
-
-
-def _comparison(job_id: int, session: SessionDep) -> dict[str, Any]:
-    key = (str(session.get_bind().engine.url), job_id)
-    if key in _FINISHED_COMPARISONS:
-        _FINISHED_COMPARISONS.move_to_end(key)
-        return _FINISHED_COMPARISONS[key]
+def _result(job_id: int, session: SessionDep, *, collective: bool) -> dict[str, Any]:
+    """The job's result (stored once it finished, live before), if the job is of this kind."""
     job = _job_or_404(session, job_id)
-    result = train_report.build(session=session, job=job)
+    result = job_result(session=session, job=job) if is_collective(job) == collective else None
+    session.commit()  # a job finished before results were stored has just had its result stored
     if result is None:
-        raise HTTPException(404, f"job {job_id} has no recorded steps yet")
-    if job.status in FINISHED:
-        _FINISHED_COMPARISONS[key] = result
-        if len(_FINISHED_COMPARISONS) > _CACHE_SIZE:
-            _FINISHED_COMPARISONS.popitem(last=False)
+        raise HTTPException(404, f"job {job_id} has no {'collective trials' if collective else 'recorded steps'} yet")
     return result
 
 
-@router.get("/{job_id}/comparison")
+# A single-config comparison has no two-run keys: absent, as the report leaves them, not null.
+@router.get("/{job_id}/comparison", response_model=TrainResult, response_model_exclude_unset=True)
 def read_comparison(job_id: int, session: SessionDep) -> dict[str, Any]:
-    return _comparison(job_id, session)
+    return _result(job_id, session, collective=False)
 
 
-@router.get("/{job_id}/comparison/figure")
+@router.get("/{job_id}/comparison/figure", response_model=PlotlyFigure)
 def read_comparison_figure(job_id: int, session: SessionDep) -> dict[str, Any]:
-    return train_figures.comparison_figure(_comparison(job_id, session))
+    return train_figures.comparison_figure(_result(job_id, session, collective=False))
 
 
-@router.get("/{job_id}/throughput/figure")
+@router.get("/{job_id}/throughput/figure", response_model=PlotlyFigure)
 def read_throughput_figure(job_id: int, session: SessionDep) -> dict[str, Any]:
-    return train_figures.throughput_figure(_comparison(job_id, session))
+    return train_figures.throughput_figure(_result(job_id, session, collective=False))
 
 
-def _collective(job_id: int, session: SessionDep) -> dict[str, Any]:
-    result = collective_report.build(session=session, job=_job_or_404(session, job_id))
-    if result is None:
-        raise HTTPException(404, f"job {job_id} has no collective trials yet")
-    return result
-
-
-@router.get("/{job_id}/collective")
+@router.get("/{job_id}/collective", response_model=CollectiveResult)
 def read_collective(job_id: int, session: SessionDep) -> dict[str, Any]:
-    return _collective(job_id, session)
+    return _result(job_id, session, collective=True)
 
 
-@router.get("/{job_id}/collective/figures")
-def read_collective_figures(job_id: int, session: SessionDep) -> dict[str, Any]:
-    return collective_figures.collective_figures(_collective(job_id, session))
+@router.get("/{job_id}/collective/figures", response_model=CollectiveFigures)
+def read_collective_figures(job_id: int, session: SessionDep) -> dict[str, dict[str, Any]]:
+    return collective_figures.collective_figures(_result(job_id, session, collective=True))
 
 
 runs_router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
 
-@runs_router.get("/{run_a}/logdiff/{run_b}")
+@runs_router.get("/{run_a}/logdiff/{run_b}", response_model=LogDiff)
 def log_diff(run_a: int, run_b: int, session: SessionDep) -> dict[str, Any]:
     """The NCCL/RCCL log facts that differ between two runs (their lowest ranks' logs)."""
     facts = []
@@ -134,7 +118,7 @@ def log_diff(run_a: int, run_b: int, session: SessionDep) -> dict[str, Any]:
     return {"a": run_a, "b": run_b, "diff": commlog.diff_facts(facts[0], facts[1])}
 
 
-@runs_router.get("/{run_id}/commlog/{rank}", response_class=PlainTextResponse)
+@runs_router.get("/{run_id}/commlog/{rank}", response_model=str, response_class=PlainTextResponse)
 def read_comm_log(run_id: int, rank: int, session: SessionDep) -> str:
     """One rank's NCCL/RCCL debug log as uploaded (cut to head and tail if it was over the cap)."""
     log = session.scalars(select(CommLog).where(CommLog.run_id == run_id, CommLog.rank == rank)).first()

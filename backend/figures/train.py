@@ -186,15 +186,6 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     return _as_dict(fig)
 
 
-def cost_label(cost: float | None) -> str:
-    """Text for a config's throughput cost versus the baseline (config 0): '19.0% slower', 'baseline'."""
-    if cost is None:
-        return "baseline"
-    if cost < 0:
-        return f"{-cost:.1%} faster"
-    return f"{cost:.1%} slower"
-
-
 def config_label(index: int, name: str) -> str:
     """'A: default' for config 0, 'B: ...' for config 1, the index itself beyond two configs."""
     letter = "AB"[index] if index in (0, 1) else str(index)
@@ -227,7 +218,7 @@ def throughput_figure(comparison: dict[str, Any]) -> dict[str, Any]:
             name=f"cost {row['config_index']}",
             x=label,
             y=max(hi, value),
-            text=cost_label(row.get("cost")),
+            text=row.get("cost_text") or "",
             showarrow=False,
             yanchor="bottom",
             yshift=4,

@@ -10,7 +10,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import CollectiveTrial, CommLog, Job, Run
-from detlab.backend.services.jobs import job_configs
 from detlab.core import collective as stats
 from detlab.core import commlog
 
@@ -102,7 +101,7 @@ def equality(outputs: list[dict[Key, dict[int, str]]], worlds: list[int]) -> lis
 
 
 def build(*, session: Session, job: Job) -> dict[str, Any] | None:
-    cfgs = job_configs(session=session, job=job)
+    cfgs = job.configs
     runs = sorted(job.runs, key=lambda r: (r.config_index, r.repeat))
     trials = load_trials(session=session, runs=runs)
     if not any(trials.values()):

@@ -8,8 +8,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import Finding, Job
-from detlab.backend.reports import collective as collective_report
-from detlab.backend.services import jobs
+from detlab.backend.schemas import JobRead
 
 
 def rows_from_result(source: str, job: dict[str, Any], result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -35,11 +34,9 @@ def store(*, session: Session, rows: list[dict[str, Any]]) -> int:
     return len(rows)
 
 
-def record_job(*, session: Session, job: Job) -> None:
-    """Keep a finished collective/sweep job's cells in the history."""
-    result = collective_report.build(session=session, job=job)
-    if result is not None:
-        store(session=session, rows=rows_from_result(f"job {job.id}", jobs.read_job(session=session, job=job), result))
+def record_job(*, session: Session, job: Job, result: dict[str, Any]) -> None:
+    """Keep a finished collective/sweep job's cells (its result, as GET /jobs/N/collective) in the history."""
+    store(session=session, rows=rows_from_result(f"job {job.id}", JobRead.model_validate(job).model_dump(), result))
 
 
 def summary(*, session: Session) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import SUCCEEDED, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
-from detlab.backend.services.jobs import job_configs
 from detlab.core import commlog, configs
 from detlab.core import train as compare
 
@@ -18,11 +17,13 @@ from detlab.core import train as compare
 DETAIL_STEPS = 200
 
 
-def load_run(*, session: Session, run: Run, workload: str) -> compare.RunData:
-    """A run's step records with model digests only (packed digests come later, where needed)."""
+def load_run(*, session: Session, run: Run, workload: str, interval: int = 1) -> compare.RunData:
+    """A run's step records with model digests only (packed digests come later, where needed), and
+    what it was meant to record, so that a run that stopped early compares `incomplete`."""
     tensors = session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index))
     data = compare.RunData(run_id=run.id, workload=workload, world_size=run.world_size,
-                           tensors=[(t.name, list(t.shape), t.dtype) for t in tensors])
+                           tensors=[(t.name, list(t.shape), t.dtype) for t in tensors],
+                           expected_steps=compare.recorded_steps(run.steps_total, interval), status=run.status)
     # Core rows, not ORM rows: a long run has hundreds of thousands of them.
     rows = session.connection().execute(select(
         StepRecord.step, StepRecord.rank, StepRecord.model_digest, StepRecord.loss, StepRecord.step_time_s,
@@ -92,12 +93,13 @@ def environment(*, session: Session, run_a: int, run_b: int) -> list[dict[str, A
 
 def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     """The comparison of a job's first two configs, or None while nothing is recorded yet."""
-    cfgs = job_configs(session=session, job=job)
+    cfgs = job.configs
     groups: dict[int, list[compare.RunData]] = {}
     runs_by_index: dict[int, list[Run]] = {}
     for run in sorted(job.runs, key=lambda r: (r.config_index, r.repeat)):
         runs_by_index.setdefault(run.config_index, []).append(run)
-        groups.setdefault(run.config_index, []).append(load_run(session=session, run=run, workload=job.workload))
+        groups.setdefault(run.config_index, []).append(load_run(
+            session=session, run=run, workload=job.workload, interval=int(job.params.get("fingerprint_interval", 1))))
     if not any(d.records for g in groups.values() for d in g):
         return None
     if len(cfgs) >= 2:
@@ -110,12 +112,17 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         result = {"verdict": None, "reason": "a single config: see the reproducibility of its repeats",
                   "config_diff": []}
     batch = int(job.params.get("global_batch", 1))
-    thr = {i: compare.throughput([d for d, r in zip(groups[i], runs_by_index[i], strict=True)
-                                  if r.status == SUCCEEDED], batch) for i in groups}
-    baseline = thr[0]["samples_per_s"]
-    result["throughput"] = [{"config_index": i, "name": cfgs[i].name, **t,
-                             "cost": None if i == 0 else compare.cost(t["samples_per_s"], baseline)}
-                            for i, t in sorted(thr.items())]
+    timed = {i: [d for d, r in zip(groups[i], runs_by_index[i], strict=True) if r.status == SUCCEEDED]
+             for i in groups}
+    result["throughput"] = []
+    for i in sorted(groups):
+        # Cost against config 0 with a bootstrap 95 % interval; "within noise" when it spans 0.
+        estimate = compare.cost_estimate(timed.get(0, []), timed[i], batch) if i else None
+        result["throughput"].append({"config_index": i, "name": cfgs[i].name, **compare.throughput(timed[i], batch),
+                                     "cost": estimate and estimate["cost"],
+                                     "cost_interval": estimate and estimate["interval"],
+                                     "within_noise": estimate and estimate["within_noise"],
+                                     "cost_text": compare.cost_text(estimate)})
     result["reproducibility"] = [{"config_index": i, "name": cfgs[i].name, **compare.reproducibility(g)}
                                  for i, g in sorted(groups.items())]
     result["effective_mismatches"] = effective_mismatches(session=session, runs=list(job.runs))

@@ -26,21 +26,25 @@ from detlab.backend.models import (
     TensorMeta,
     utcnow,
 )
-from detlab.backend.schemas import CommLogUpload, RecordsBatch
 from detlab.backend.services.settle import settle
 from detlab.backend.services.workers import as_utc
-from detlab.core import commlog
+from detlab.core import commlog, wire
 
-TRIAL_KEYS = ("op", "dtype", "bytes", "trial", "rank", "digest", "time_s")
-TRIAL_OPTIONAL = ("prefix_digest", "err_max_abs", "err_max_ulp", "frac_diff", "impl")
 MAX_LOG_BYTES = 16 << 20  # decompressed; the worker truncates before sending
+# Record fields not copied as they are into their table's columns: the ranks write some for their own
+# readers (verify-collective), fingerprint_impl goes to the run, and two are converted.
+NOT_STORED: dict[type, set[str]] = {
+    wire.EnvRecord: {"type", "fingerprint_impl", "torch_flags"},  # torch_flags: a dict, {} when absent
+    wire.StepRecord: {"type", "digests"},  # stored packed, as bytes
+    wire.TrialRecord: {"type", "count", "op_bytes", "world_size", "fp_version"},
+}
 
 
 class Conflict(Exception):
     """The request is well formed but the run is not in a state that accepts it."""
 
 
-def claim(*, session: Session, run: Run, worker: str, stale_after_s: float) -> dict[str, Any]:
+def claim(*, session: Session, run: Run, worker: str, stale_after_s: float) -> wire.RunSpec:
     """Start a new attempt of the run and return what the worker needs to execute it."""
     if run.status in FINISHED:
         raise Conflict(f"run {run.id} is already {run.status}")
@@ -55,16 +59,24 @@ def claim(*, session: Session, run: Run, worker: str, stale_after_s: float) -> d
     run.steps_done = 0
     run.started_at = run.heartbeat_at = utcnow()
     settle(session=session, job=run.job)
-    body = run.config.body
-    return {
+    return run_spec(run)
+
+
+def run_spec(run: Run) -> wire.RunSpec:
+    """The claim reply of the run's current attempt, from its stored config and job.
+
+    The config's env is not checked against the allow-list here: the worker checks it before launching,
+    so a run whose env a newer allow-list refuses fails with that message instead of never starting."""
+    stored = run.job.params.get("collective")  # the job's CollectiveParams and the sizes they give
+    collective = {k: v for k, v in stored.items() if k in wire.CollectiveSpec.model_fields} if stored else None
+    return wire.RunSpec.model_validate({
+        **{k: v for k, v in run.config.body.items() if k in ("seed", "threads", "env", "torch")},
         "run_id": run.id, "attempt": run.attempt, "workload": run.job.workload,
-        "kind": "collective" if run.job.workload == "collective" else "train",
-        **(run.job.params.get("collective") or {}),  # ops, dtypes, sizes, trials, warmup
-        "world_size": run.world_size, "steps": run.steps_total, "seed": body["seed"], "threads": body["threads"],
-        "env": body["env"], "torch": body["torch"],
+        "kind": "collective" if run.job.workload == "collective" else "train", "collective": collective,
+        "world_size": run.world_size, "steps": run.steps_total,
         "fingerprint_interval": run.job.params.get("fingerprint_interval", 1),
         "inject_bitflip": run.job.params.get("inject_bitflip"),
-    }
+    })
 
 
 def _insert(session: Session, model: type, rows: list[dict[str, Any]]) -> None:
@@ -82,38 +94,33 @@ def _check_attempt(run: Run, attempt: int) -> None:
         raise Conflict(f"attempt {attempt} is stale: run {run.id} is on attempt {run.attempt}")
 
 
-def add_records(*, session: Session, run: Run, batch: RecordsBatch) -> int:
-    """Store a batch of spool records; returns how many were accepted (duplicates are ignored)."""
+def _row(run: Run, rec: wire.EnvRecord | wire.StepRecord | wire.TrialRecord) -> dict[str, Any]:
+    return {"run_id": run.id, **rec.model_dump(exclude=NOT_STORED[type(rec)])}
+
+
+def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
+    """Store a batch of spool records; returns how many were accepted (duplicates are ignored).
+
+    The batch was validated field by field on the way in; what is checked here needs the run."""
     _check_attempt(run, batch.attempt)
     steps: list[dict[str, Any]] = []
     envs: list[dict[str, Any]] = []
     tensors: list[dict[str, Any]] = []
     trials: list[dict[str, Any]] = []
-    for rec in batch.records:
-        kind = rec.get("type")
-        try:
-            if kind == "step":
-                steps.append({"run_id": run.id, "attempt": batch.attempt, "step": int(rec["step"]),
-                              "rank": int(rec["rank"]), "fp_version": str(rec["fp_version"]),
-                              "model_digest": str(rec["model_digest"]), "digests": bytes.fromhex(rec["digests"]),
-                              "loss_bits": str(rec["loss_bits"]), "step_time_s": float(rec["step_time_s"]),
-                              "loss": None if rec.get("loss") is None else float(rec["loss"])})
-            elif kind == "env":
-                envs.append({"run_id": run.id, **{k: rec.get(k) for k in (
-                    "rank", "host", "device", "driver", "cuda", "hip", "torch", "nccl", "backend")},
-                    "effective_env": rec.get("effective_env") or {}, "torch_flags": rec.get("torch_flags") or {}})
-                run.fingerprint_impl = rec.get("fingerprint_impl") or run.fingerprint_impl
-                run.device = str(rec.get("device") or "")[:32] or run.device
-            elif kind == "trial":
-                trials.append({"run_id": run.id, **{k: rec[k] for k in TRIAL_KEYS},
-                               **{k: rec.get(k) for k in TRIAL_OPTIONAL}})
-            elif kind == "tensors":
-                tensors += [{"run_id": run.id, "index": int(t["index"]), "name": str(t["name"]),
-                             "shape": list(t["shape"]), "dtype": str(t["dtype"])} for t in rec["tensors"]]
-            else:
-                raise ValueError(f"unknown record type {kind!r}")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"bad {kind} record: {exc}") from exc
+    for i, rec in enumerate(batch.records):
+        if not isinstance(rec, wire.TensorsRecord) and rec.rank >= run.world_size:
+            raise ValueError(f"records.{i}: rank {rec.rank} is outside the run's world_size {run.world_size}")
+        match rec:
+            case wire.StepRecord():
+                steps.append({**_row(run, rec), "attempt": batch.attempt, "digests": bytes.fromhex(rec.digests)})
+            case wire.EnvRecord():
+                envs.append({**_row(run, rec), "torch_flags": rec.torch_flags.model_dump() if rec.torch_flags else {}})
+                run.fingerprint_impl = rec.fingerprint_impl or run.fingerprint_impl
+                run.device = (rec.device or "")[:32] or run.device
+            case wire.TrialRecord():
+                trials.append(_row(run, rec))
+            case wire.TensorsRecord():
+                tensors += [{"run_id": run.id, **t.model_dump()} for t in rec.tensors]
     _insert(session, StepRecord, steps)
     _insert(session, RankEnv, envs)
     _insert(session, TensorMeta, tensors)
@@ -128,7 +135,7 @@ def add_records(*, session: Session, run: Run, batch: RecordsBatch) -> int:
     return len(batch.records)
 
 
-def add_comm_log(*, session: Session, run: Run, upload: CommLogUpload) -> dict[str, Any]:
+def add_comm_log(*, session: Session, run: Run, upload: wire.CommLogUpload) -> dict[str, Any]:
     """Store one process's NCCL/RCCL log (compressed) with its parsed facts."""
     _check_attempt(run, upload.attempt)
     try:

@@ -1,4 +1,4 @@
-"""Jobs and their runs: creation from a validated request, status roll-up, read models."""
+"""Jobs and their runs: creation from a validated request, status roll-up, lookups."""
 
 from __future__ import annotations
 
@@ -16,19 +16,12 @@ from detlab.backend.schemas import CollectiveParams, JobCreate
 from detlab.backend.services.workers import known_workloads
 from detlab.core import configs
 from detlab.core.settings import Settings
+from detlab.core.wire import explain
 from detlab.core.workloads import WorkloadInfo
 
 
 class InvalidJob(ValueError):
     """A job request that cannot run; the message says what to change."""
-
-
-def explain(exc: ValueError) -> str:
-    """A validation error as one line a user can act on (no pydantic boilerplate)."""
-    if isinstance(exc, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
-                         for e in exc.errors())
-    return str(exc)
 
 
 def get_or_create_config(*, session: Session, body: configs.ConfigBody) -> Config:
@@ -94,7 +87,8 @@ def _validate(data: JobCreate, settings: Settings,
         try:
             bodies.append(configs.resolve(ref))
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
-            raise InvalidJob(f"config {i}: {explain(exc)}") from exc
+            reason = explain(exc, "config") if isinstance(exc, ValidationError) else str(exc)
+            raise InvalidJob(f"config {i}: {reason}") from exc
     worlds = [body.world_size or data.world_size for body in bodies]
     if max(worlds) > settings.max_world_size:
         where = "world_size" if data.world_size > settings.max_world_size else \
@@ -174,33 +168,8 @@ def load_job(*, session: Session, job_id: int) -> Job | None:
     return session.scalars(select(Job).where(Job.id == job_id).options(selectinload(Job.runs))).first()
 
 
-def job_configs(*, session: Session, job: Job) -> list[Config]:
-    by_id = {c.id: c for c in session.scalars(select(Config).where(Config.id.in_(job.config_ids)))}
-    return [by_id[i] for i in job.config_ids]
-
-
-def progress(job: Job) -> float:
-    total = sum(r.steps_total for r in job.runs) or 1
-    done = sum(r.steps_total if r.status in FINISHED else r.steps_done for r in job.runs)
-    return min(1.0, done / total)
-
-
-def read_job(*, session: Session, job: Job) -> dict[str, Any]:
-    return {
-        "id": job.id, "kind": job.kind, "workload": job.workload, "status": job.status,
-        "world_size": job.world_size, "steps": job.steps, "repeats": job.repeats, "params": job.params,
-        "created_at": job.created_at.isoformat(),
-        "configs": [{"id": c.id, "name": c.name, "hash": c.hash, "body": c.body}
-                    for c in job_configs(session=session, job=job)],
-        "runs": [{"id": r.id, "config_index": r.config_index, "repeat": r.repeat, "status": r.status,
-                  "steps_done": r.steps_done, "steps_total": r.steps_total, "attempt": r.attempt,
-                  "error": r.error, "node": r.node, "device": r.device, "fingerprint_impl": r.fingerprint_impl}
-                 for r in job.runs],
-        "progress": progress(job),
-    }
-
-
 def list_jobs(*, session: Session, limit: int, offset: int) -> tuple[list[Job], int]:
+    """A page of jobs, newest first, and how many there are."""
     total = session.scalar(select(func.count()).select_from(Job)) or 0
     jobs = session.scalars(select(Job).order_by(Job.id.desc()).limit(limit).offset(offset)
                            .options(selectinload(Job.runs))).all()

@@ -1,20 +1,64 @@
-"""Settling a job: its status from its runs and, once finished, its result."""
+"""Settling a job: its status from its runs and, once finished, its result, computed once and stored.
+
+Pages read the stored result; an unfinished job's result is built live from what is recorded so far."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import FINISHED, Job
+from detlab.backend.reports import collective as collective_report
 from detlab.backend.reports import findings
 from detlab.backend.reports import train as train_report
 from detlab.backend.services.jobs import roll_up
 
 
+def is_collective(job: Job) -> bool:
+    """Collective and sweep-over-collective jobs; everything else (train, sweep over train) trains."""
+    return job.workload == "collective"
+
+
+def _build(*, session: Session, job: Job) -> dict[str, Any] | None:
+    """The job's result from its records as they are now; None before anything is recorded."""
+    report = collective_report if is_collective(job) else train_report
+    result = report.build(session=session, job=job)
+    if result is None:
+        return None
+    # As the JSON column will give it back: tuples as lists, and NaN/inf (a loss that blew up, an
+    # error against a NaN reference) as null, which PostgreSQL's json and HTTP responses can carry.
+    stored: dict[str, Any] = json.loads(json.dumps(result), parse_constant=lambda _: None)
+    return stored
+
+
+def _store(*, session: Session, job: Job) -> dict[str, Any]:
+    job.result = _build(session=session, job=job) or {}  # {}: finished with nothing recorded
+    return job.result
+
+
 def settle(*, session: Session, job: Job) -> None:
-    """Roll the job's status up from its runs; once finished, keep its verdict for listings."""
+    """Roll the job's status up from its runs; once finished, compute and store its result (and keep a
+    collective job's cells in the team history)."""
     roll_up(session=session, job=job)
-    if job.status in FINISHED and job.workload == "collective":
-        findings.record_job(session=session, job=job)
-    elif job.status in FINISHED:
-        result = train_report.build(session=session, job=job)
-        job.params = {**job.params, "verdict": result["verdict"] if result else None}
+    if job.status not in FINISHED:
+        if job.result is not None:
+            job.result = None
+        return
+    if job.result is None:
+        result = _store(session=session, job=job)
+        if result and is_collective(job):
+            findings.record_job(session=session, job=job, result=result)
+
+
+def job_result(*, session: Session, job: Job) -> dict[str, Any] | None:
+    """A finished job's stored result, or a live partial one while it runs; None while nothing is recorded.
+
+    A job finished before results were stored gets its result computed and stored here, once (the
+    caller commits); its findings were recorded when it settled."""
+    if job.status not in FINISHED:
+        return _build(session=session, job=job)
+    if job.result is None:
+        _store(session=session, job=job)
+    return job.result or None

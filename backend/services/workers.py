@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import RUNNING, Run, Worker, utcnow
-from detlab.backend.schemas import Heartbeat
+from detlab.core.wire import Heartbeat
 from detlab.core.workloads import BUILTIN, WorkloadInfo
 
 
@@ -20,7 +20,7 @@ def as_utc(ts: datetime | None) -> datetime | None:
 
 def heartbeat(*, session: Session, beat: Heartbeat) -> None:
     worker = session.get(Worker, beat.worker)
-    info = {**beat.info, "run_id": beat.run_id}
+    info = {**beat.info.model_dump(), "run_id": beat.run_id}  # the reconciler reads run_id: busy or idle
     if worker is None:
         session.add(Worker(name=beat.worker, queue=beat.queue, info=info))
     else:

@@ -58,6 +58,11 @@ class RunData:
         return [d for r in ranks if (d := self.records.get((step, r))) is not None]
 
 
+def recorded_steps(steps: int, interval: int) -> list[int]:
+    """The steps a train run fingerprints: 0 (the initial weights), every `interval`-th, and the last."""
+    return [0, *(s for s in range(1, steps + 1) if s % interval == 0 or s == steps)]
+
+
 def _table(digests: bytes) -> np.ndarray:
     return np.frombuffer(digests, dtype=np.uint8).reshape(-1, DIGEST_BYTES)
 
@@ -296,6 +301,24 @@ def cost_estimate(baseline: list[RunData], runs: list[RunData], global_batch: in
     costs = 1.0 - medians(sides[1]) / medians(sides[0])
     lo, hi = (float(x) for x in np.quantile(costs, [0.025, 0.975]))
     return {"cost": point, "interval": [lo, hi], "within_noise": lo <= 0.0 <= hi, "resamples": BOOTSTRAP_RESAMPLES}
+
+
+def cost_text(estimate: dict[str, Any] | None) -> str:
+    """How a cost reads everywhere (page, figure, CLI): 'baseline', 'within noise (-2.1% to +3.4%)',
+    '19.0% slower (95% CI 15.2% to 22.8%)'; 'not measured' without timed steps."""
+    if estimate is None:
+        return "baseline"
+    point, interval = estimate.get("cost"), estimate.get("interval")
+    if point is None:
+        return "not measured"
+    if interval is None:
+        return f"{abs(point):.1%} {'faster' if point < 0 else 'slower'} (no interval)"
+    lo, hi = interval
+    if estimate.get("within_noise"):
+        return f"within noise ({lo:+.1%} to {hi:+.1%})"
+    if point < 0:
+        return f"{-point:.1%} faster (95% CI {-hi:.1%} to {-lo:.1%})"
+    return f"{point:.1%} slower (95% CI {lo:.1%} to {hi:.1%})"
 
 
 def cost(thr: float | None, baseline: float | None) -> float | None:

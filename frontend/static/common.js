@@ -1,6 +1,9 @@
-// Helpers shared by the pages: element building (text only, never HTML), JSON fetching, table rows.
+// Helpers shared by the pages: element building (text only, never HTML), JSON fetching, table rows,
+// the formats every page writes the same way, and the server's lists (GET /api/v1/meta).
 window.detlab = (() => {
   "use strict";
+
+  const API = "/api/v1";
 
   const $ = (id) => document.getElementById(id);
 
@@ -40,5 +43,63 @@ window.detlab = (() => {
     }
   }
 
-  return { $, HttpError, el, getJSON, setRows };
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  // Ops, dtypes and limits as this server has them; fetched once per page, again after a failure.
+  let metaRequest = null;
+  function meta() {
+    metaRequest ??= getJSON(`${API}/meta`).catch((err) => {
+      metaRequest = null;
+      throw err;
+    });
+    return metaRequest;
+  }
+
+  // ---- formats -------------------------------------------------------------------------------
+
+  function humanBytes(n) {
+    for (const [unit, scale] of [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
+      if (n >= scale) {
+        const value = n / scale;
+        return `${Number.isInteger(value) ? value : Number(value.toPrecision(3))} ${unit}`;
+      }
+    }
+    return `${n} B`;
+  }
+
+  const pct = (x, digits = 1) => `${(x * 100).toFixed(digits)}%`;
+
+  function formatTime(iso) {
+    if (!iso) return "";
+    const date = new Date(iso);
+    return Number.isNaN(date.getTime()) ? String(iso) : date.toLocaleString();
+  }
+
+  // Config 0 is the baseline A, config 1 is B; beyond two, the index itself.
+  function sideLetter(index) {
+    return index === 0 ? "A" : index === 1 ? "B" : String(index);
+  }
+
+  // A sweep's cells have no baseline, so they go by number rather than A/B.
+  function configLabel(kind, index, name) {
+    const prefix = kind === "sweep" ? String(index) : sideLetter(index);
+    return `${prefix}: ${name ?? "?"}`;
+  }
+
+  function badge(value, fallback) {
+    if (!value) return el("span", { className: "muted", text: fallback || "—" });
+    return el("span", { className: `badge badge-${value}`, text: value });
+  }
+
+  function reproBadge(ok) {
+    return el("span", {
+      className: `badge ${ok ? "badge-reproducible" : "badge-not-reproducible"}`,
+      text: ok ? "reproducible" : "not reproducible",
+    });
+  }
+
+  return {
+    API, $, HttpError, el, getJSON, setRows, sleep, meta,
+    humanBytes, pct, formatTime, configLabel, badge, reproBadge,
+  };
 })();

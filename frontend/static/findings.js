@@ -1,29 +1,19 @@
 // Findings page: the team's history of configs vs reproducibility and bandwidth (GET /api/v1/findings).
 (() => {
   "use strict";
-  const { $, el, getJSON, setRows } = window.detlab;
+  const { API, $, el, getJSON, setRows, humanBytes, reproBadge } = window.detlab;
   const COLUMNS = 11;
 
-  function size(bytes) {
-    const units = ["B", "KiB", "MiB", "GiB"];
-    let i = 0;
-    while (bytes >= 1024 && i < units.length - 1) { bytes /= 1024; i++; }
-    return `${bytes} ${units[i]}`;
-  }
-
   function row(g) {
-    const all = g.reproducible === g.cells;
-    const tr = el("tr", { title: Object.entries(g.env).map(([k, v]) => `${k}=${v}`).join(" ") || "library defaults" },
+    return el("tr", { title: Object.entries(g.env).map(([k, v]) => `${k}=${v}`).join(" ") || "library defaults" },
       el("td", { text: g.hardware }), el("td", { text: g.library }), el("td", { text: g.config }),
       el("td", { text: g.op }), el("td", { text: g.dtype }),
-      el("td", {}, el("span", { className: `badge badge-${all ? "identical" : "diverged"}`,
-                               text: all ? "reproducible" : "not reproducible" })),
+      el("td", {}, reproBadge(g.reproducible === g.cells)),
       el("td", { className: "num", text: `${g.reproducible}/${g.cells}` }),
       el("td", { className: "num", text: g.min_runs }),
       el("td", { className: "num", text: g.busbw_gbps_at_largest === null ? "—" : g.busbw_gbps_at_largest.toFixed(1) }),
-      el("td", { className: "num", text: size(g.largest_bytes) }),
+      el("td", { className: "num", text: humanBytes(g.largest_bytes) }),
       el("td", { text: g.sources.join(", ") }));
-    return tr;
   }
 
   function render(groups) {
@@ -36,7 +26,7 @@
   }
 
   async function load() {
-    const groups = (await getJSON("/api/v1/findings")).groups;
+    const groups = (await getJSON(`${API}/findings`)).groups;
     $("filter").addEventListener("input", () => render(groups));
     render(groups);
   }

@@ -4,12 +4,10 @@
 "use strict";
 
 (function () {
-  const API = "/api/v1";
   const JOBS_REFRESH_MS = 5000;
-  const MAX_SIZES = 24; // the backend's limit on min × factor^k sizes
-  const MAX_SWEEP_CELLS = 64; // the backend's limit on one sweep
-  const OPS = ["all_reduce_sum", "all_reduce_avg", "all_gather", "reduce_scatter", "broadcast"];
-  const DTYPES = ["float32", "bfloat16", "float16"];
+  const MAX_SIZES = 24; // the backend's limit on min × factor^k sizes (not yet in /api/v1/meta)
+  // Ticked when the page opens; the lists themselves come from the server (GET /api/v1/meta).
+  const TICKED = new Set(["all_reduce_sum", "float32", "bfloat16"]);
   const KINDS = {
     train: {
       button: "Submit comparison",
@@ -28,8 +26,9 @@
   };
   const presets = new Map(); // name -> preset {name, description, config}
   const workloads = new Map(); // name -> workload {name, description, default_steps, global_batch}
+  let limits = null; // the server's limits on a job, once /api/v1/meta has answered
 
-  const { $, el, getJSON } = window.detlab;
+  const { API, $, el, getJSON, meta, humanBytes, badge, formatTime } = window.detlab;
 
   // FastAPI sends detail as a string, or as a list of {loc, msg}; "body" in loc is noise to a user.
   function formatDetail(detail) {
@@ -99,29 +98,33 @@
     return parsed;
   }
 
-  function intValue(id, label) {
+  function intValue(id, label, max) {
     const raw = $(id).value.trim();
     const value = Number(raw);
     if (raw === "" || !Number.isInteger(value) || value < 1) {
       throw new Error(`${label} must be a whole number of at least 1 (got "${raw}").`);
+    }
+    if (max !== undefined && value > max) {
+      throw new Error(`${label} must be at most ${max} on this server (got ${value}).`);
     }
     return value;
   }
 
   // ---- collective and sweep parameters --------------------------------------------------------
 
-  function humanBytes(n) {
-    for (const [unit, scale] of [["GiB", 2 ** 30], ["MiB", 2 ** 20], ["KiB", 2 ** 10]]) {
-      if (n >= scale) {
-        const value = n / scale;
-        return `${Number.isInteger(value) ? value : Number(value.toPrecision(3))} ${unit}`;
-      }
-    }
-    return `${n} B`;
+  // all_reduce_sum reads better as "all_reduce (sum)": the reduction is a detail of the one collective.
+  const opLabel = (op) => op.replace(/^all_reduce_(\w+)$/, "all_reduce ($1)");
+
+  function fillChecks(box, prefix, values, label) {
+    box.replaceChildren(...values.map((value) => {
+      const input = el("input", { id: `${prefix}-${value}`, type: "checkbox", value });
+      input.checked = TICKED.has(value);
+      return el("label", {}, input, ` ${label(value)}`);
+    }));
   }
 
-  function checked(prefix, values) {
-    return values.filter((value) => $(`${prefix}-${value}`).checked);
+  function checked(box) {
+    return [...box.querySelectorAll("input[type=checkbox]:checked")].map((input) => input.value);
   }
 
   // Same series as the backend: min, min × factor, … while <= max.
@@ -132,8 +135,8 @@
   }
 
   function collectiveParams() {
-    const ops = checked("op", OPS);
-    const dtypes = checked("dtype", DTYPES);
+    const ops = checked($("op-checks"));
+    const dtypes = checked($("dtype-checks"));
     if (ops.length === 0) throw new Error("Tick at least one operation.");
     if (dtypes.length === 0) throw new Error("Tick at least one dtype.");
     const minBytes = intValue("min-bytes", "Min bytes");
@@ -215,9 +218,10 @@
     const cells = Object.values(knobs).reduce((product, values) => product * values.length, 1);
     const repeats = Number($("repeats").value);
     const runs = Number.isInteger(repeats) && repeats > 0 ? ` × ${repeats} ${repeats === 1 ? "repeat" : "repeats"} = ${cells * repeats} runs` : "";
-    const over = cells > MAX_SWEEP_CELLS ? ` (at most ${MAX_SWEEP_CELLS})` : "";
+    const max = limits ? limits.max_sweep_cells : Infinity;
+    const over = cells > max ? ` (at most ${max})` : "";
     box.textContent = `${cells} ${cells === 1 ? "cell" : "cells"} (${Object.keys(knobs).join(" × ")})${runs}${over}`;
-    box.classList.toggle("warn", cells > MAX_SWEEP_CELLS);
+    box.classList.toggle("warn", cells > max);
   }
 
   function syncKind() {
@@ -240,7 +244,10 @@
 
   function buildPayload() {
     const kind = $("kind").value;
-    const common = { world_size: intValue("world-size", "World size"), repeats: intValue("repeats", "Repeats") };
+    const common = {
+      world_size: intValue("world-size", "World size", limits?.max_world_size),
+      repeats: intValue("repeats", "Repeats", limits?.max_repeats),
+    };
     if (kind === "collective") {
       return { kind, configs: [configFor("a"), configFor("b")], ...common, collective: collectiveParams() };
     }
@@ -253,7 +260,7 @@
       workload: $("workload").value,
       configs: [configFor("a"), configFor("b")],
       world_size: common.world_size,
-      steps: intValue("steps", "Steps"),
+      steps: intValue("steps", "Steps", limits?.max_steps),
       repeats: common.repeats,
     };
   }
@@ -300,17 +307,6 @@
   }
 
   // ---- recent jobs -----------------------------------------------------------------------------
-
-  function badge(value, fallback) {
-    if (!value) return el("span", { className: "muted", text: fallback || "—" });
-    return el("span", { className: `badge badge-${value}`, text: value });
-  }
-
-  function formatTime(iso) {
-    if (!iso) return "";
-    const date = new Date(iso);
-    return Number.isNaN(date.getTime()) ? String(iso) : date.toLocaleString();
-  }
 
   function configNames(job) {
     const names = job.config_names || [];
@@ -367,14 +363,23 @@
     loadJobs();
     setInterval(loadJobs, JOBS_REFRESH_MS);
 
-    let workloadList, presetList;
+    let workloadList, presetList, lists;
     try {
-      [workloadList, presetList] = await Promise.all([getJSON(`${API}/workloads`), getJSON(`${API}/presets`)]);
+      [workloadList, presetList, lists] = await Promise.all([
+        getJSON(`${API}/workloads`), getJSON(`${API}/presets`), meta(),
+      ]);
     } catch (err) {
-      showError([`Could not load workloads and presets: ${err.message}`]);
+      showError([`Could not load workloads, presets and collective ops: ${err.message}`]);
       $("submit").disabled = true;
       return;
     }
+    fillChecks($("op-checks"), "op", lists.ops, opLabel);
+    fillChecks($("dtype-checks"), "dtype", lists.dtypes, String);
+    limits = lists.limits;
+    $("world-size").max = String(limits.max_world_size);
+    $("steps").max = String(limits.max_steps);
+    $("repeats").max = String(limits.max_repeats);
+    updateCellCount();
     for (const w of workloadList) workloads.set(w.name, w);
     for (const p of presetList) presets.set(p.name, p);
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from detlab.backend.db import make_engine
+from detlab.backend.app import create_app
+from detlab.backend.db import get_session, make_engine
 from detlab.backend.models import Base
+from detlab.core.settings import Settings, get_settings
 
 
 @pytest.fixture
@@ -24,3 +27,13 @@ def engine(db_url: str) -> Iterator[Engine]:
 def session(engine: Engine) -> Iterator[Session]:
     with sessionmaker(engine, expire_on_commit=False)() as s:
         yield s
+
+
+@pytest.fixture
+def client(session: Session, settings: Settings) -> Iterator[TestClient]:
+    """The API on this test's database and settings (each module defines `settings`)."""
+    app = create_app(reconciler=False)
+    app.dependency_overrides[get_session] = lambda: session
+    app.dependency_overrides[get_settings] = lambda: settings
+    with TestClient(app) as c:
+        yield c

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from datetime import timedelta
+from types import ModuleType
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from detlab.backend.app import create_app
-from detlab.backend.db import get_session
-from detlab.backend.models import FAILED, QUEUED, RUNNING, Run, StepRecord, Worker, utcnow
+from detlab.backend.db import get_session, make_engine
+from detlab.backend.models import (
+    FAILED,
+    QUEUED,
+    RUNNING,
+    CollectiveTrial,
+    CommLog,
+    Job,
+    Run,
+    StepRecord,
+    Worker,
+    utcnow,
+)
+from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import create_job
 from detlab.backend.services.reconcile import reconcile
@@ -25,15 +39,6 @@ TOKEN = "t" * 32
 @pytest.fixture
 def settings(tmp_path) -> Settings:  # type: ignore[no-untyped-def]
     return Settings(data_dir=tmp_path, ingest_token=TOKEN, run_stale_after_s=5, max_attempts=2)
-
-
-@pytest.fixture
-def client(session: Session, settings: Settings) -> Iterator[TestClient]:
-    app = create_app(reconciler=False)
-    app.dependency_overrides[get_session] = lambda: session
-    app.dependency_overrides[get_settings] = lambda: settings
-    with TestClient(app) as c:
-        yield c
 
 
 def make_run(session: Session, settings: Settings, **job: object) -> Run:
@@ -111,14 +116,98 @@ def test_a_stale_attempt_is_refused(client: TestClient, session: Session, settin
     assert resp.status_code == 409 and "stale" in resp.json()["detail"]
 
 
-def test_a_malformed_record_is_a_422_and_stores_nothing(client: TestClient, session: Session,
-                                                        settings: Settings) -> None:
+ENV_RECORD = {"type": "env", "rank": 0, "host": "node1", "device": "cpu", "torch": "2.13.0", "backend": "gloo"}
+
+
+@pytest.mark.parametrize("bad, loc", [
+    ({**step_record(1, 0), "digests": "zz"}, ["body", "records", 1, "step", "digests"]),
+    ({**step_record(1, 0), "loss": float("nan")}, ["body", "records", 1, "step", "loss"]),
+    ({**step_record(1, 0), "type": "gradient"}, ["body", "records", 1]),
+    ({**ENV_RECORD, "host": "h" * 256}, ["body", "records", 1, "env", "host"]),  # a 500 on PostgreSQL before
+    ({**step_record(1, 0), "step": "one"}, ["body", "records", 1, "step", "step"]),
+])
+def test_a_malformed_record_is_a_422_naming_it_and_stores_nothing(client: TestClient, session: Session,
+                                                                  settings: Settings, bad: dict, loc: list) -> None:
     run = make_run(session, settings)
     spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
-    batch = {"attempt": spec["attempt"], "records": [step_record(0, 0), {**step_record(1, 0), "digests": "zz"}]}
-    resp = client.post(f"/api/v1/ingest/runs/{run.id}/records", json=batch, headers=AUTH)
-    assert resp.status_code == 422 and "bad step record" in resp.json()["detail"]
+    batch = {"attempt": spec["attempt"], "records": [step_record(0, 0), bad]}
+    body = json.dumps(batch)  # as Python's json writes a NaN loss, which httpx's json= refuses to send
+    resp = client.post(f"/api/v1/ingest/runs/{run.id}/records", content=body,
+                       headers={**AUTH, "content-type": "application/json"})
+    assert resp.status_code == 422
+    assert [e["loc"] for e in resp.json()["detail"]] == [loc]
     assert session.scalar(select(func.count()).select_from(StepRecord)) == 0
+
+
+def test_a_record_of_a_rank_outside_the_run_is_a_422(client: TestClient, session: Session,
+                                                     settings: Settings) -> None:
+    run = make_run(session, settings)  # world_size 2
+    spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    batch = {"attempt": spec["attempt"], "records": [step_record(0, 0), step_record(0, 2)]}
+    resp = client.post(f"/api/v1/ingest/runs/{run.id}/records", json=batch, headers=AUTH)
+    assert resp.status_code == 422 and resp.json()["detail"] == "records.1: rank 2 is outside the run's world_size 2"
+    assert session.scalar(select(func.count()).select_from(StepRecord)) == 0
+
+
+def test_the_claim_reply_is_a_typed_run_spec(client: TestClient, session: Session, settings: Settings) -> None:
+    from detlab.core.wire import RunSpec
+
+    run = make_run(session, settings, inject_bitflip={"step": 2, "tensor": "0.weight", "rank": 1})
+    reply = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    spec = RunSpec.model_validate(reply)
+    assert (spec.run_id, spec.attempt, spec.kind, spec.workload, spec.world_size, spec.steps) == \
+        (run.id, 1, "train", "mlp", 2, 3)
+    assert spec.collective is None and spec.inject_bitflip is not None and spec.inject_bitflip.rank == 1
+    assert spec.torch is not None and spec.torch.cudnn_benchmark is True  # the default preset's
+
+
+def test_a_collective_claim_nests_its_parameters(client: TestClient, session: Session, settings: Settings) -> None:
+    from detlab.core.wire import RunSpec
+
+    run = make_run(session, settings, kind="collective", collective={"ops": ["broadcast"], "min_bytes": 4096,
+                                                                     "max_bytes": 16384, "trials": 2})
+    reply = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    spec = RunSpec.model_validate(reply)
+    assert spec.kind == "collective" and spec.collective is not None
+    assert (spec.collective.ops, spec.collective.sizes, spec.collective.trials) == (["broadcast"], [4096, 16384], 2)
+    assert "sizes" not in reply and "min_bytes" not in reply["collective"]  # nested, and only what ranks use
+
+
+def test_an_env_record_is_stored_with_its_typed_torch_flags(client: TestClient, session: Session,
+                                                            settings: Settings) -> None:
+    from detlab.backend.models import RankEnv
+
+    run = make_run(session, settings)
+    spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    flags = {"deterministic_algorithms": True, "cudnn_deterministic": True, "cudnn_benchmark": False,
+             "allow_tf32": False, "num_threads": 4}
+    record = {**ENV_RECORD, "fingerprint_impl": "torch-cpu", "torch_flags": flags,
+              "effective_env": {"NCCL_ALGO": "Ring"}}
+    resp = client.post(f"/api/v1/ingest/runs/{run.id}/records", json={"attempt": spec["attempt"], "records": [record]},
+                       headers=AUTH)
+    assert resp.status_code == 200 and resp.json() == {"accepted": 1}
+    stored = session.scalars(select(RankEnv).where(RankEnv.run_id == run.id)).one()
+    assert (stored.host, stored.torch_flags, stored.effective_env) == ("node1", flags, {"NCCL_ALGO": "Ring"})
+    session.refresh(run)
+    assert (run.fingerprint_impl, run.device) == ("torch-cpu", "cpu")
+
+
+def test_a_heartbeat_with_a_bad_workload_is_a_422_and_not_stored(client: TestClient, session: Session) -> None:
+    beat = {"worker": "node:q", "queue": "q", "info": {"workloads": [{"name": "has space", "global_batch": 8,
+                                                                      "default_steps": 1}]}}
+    resp = client.post("/api/v1/ingest/heartbeat", json=beat, headers=AUTH)
+    assert resp.status_code == 422
+    assert resp.json()["detail"][0]["loc"] == ["body", "info", "workloads", 0, "name"]
+    assert session.get(Worker, "node:q") is None
+
+
+def test_every_ingest_endpoint_declares_its_response_model() -> None:
+    from fastapi.routing import APIRoute
+
+    from detlab.backend.api import ingest as ingest_api
+
+    routes = list(ingest_api.router.routes)
+    assert len(routes) == 5 and all(isinstance(r, APIRoute) and r.response_model is not None for r in routes)
 
 
 def test_a_running_run_cannot_be_claimed_twice(client: TestClient, session: Session, settings: Settings) -> None:
@@ -243,19 +332,259 @@ def test_a_bad_config_error_names_the_field_without_validator_boilerplate(client
     assert resp.json()["detail"] == "config 1: seed: Input should be greater than or equal to 0"
 
 
-def test_a_finished_jobs_comparison_is_built_once(client: TestClient, session: Session, settings: Settings,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from detlab.backend.reports import train as train_report
-
-    run = make_run(session, settings)
+def record_steps(client: TestClient, run: Run, steps: int = 3, *, finish: bool = True) -> None:
+    """Claim the run, send steps 0 (initial weights) to `steps` of both ranks, and (by default) finish it."""
     spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
-    client.post(f"/api/v1/ingest/runs/{run.id}/records", json={"attempt": spec["attempt"],
-                                                                "records": [step_record(0, 0)]}, headers=AUTH)
-    client.post(f"/api/v1/ingest/runs/{run.id}/finish", json={"attempt": spec["attempt"], "status": "succeeded"},
-                headers=AUTH)
-    builds = []
-    real = train_report.build
-    monkeypatch.setattr(train_report, "build", lambda **kw: builds.append(1) or real(**kw))
-    for path in ("comparison", "comparison/figure", "throughput/figure"):
+    batch = {"attempt": spec["attempt"], "records": [step_record(s, r) for s in range(steps + 1) for r in range(2)]}
+    assert client.post(f"/api/v1/ingest/runs/{run.id}/records", json=batch, headers=AUTH).status_code == 200
+    if finish:
+        done = {"attempt": spec["attempt"], "status": "succeeded"}
+        assert client.post(f"/api/v1/ingest/runs/{run.id}/finish", json=done, headers=AUTH).status_code == 200
+
+
+def count_builds(monkeypatch: pytest.MonkeyPatch, report: ModuleType) -> list[int]:
+    builds: list[int] = []
+    real = report.build
+
+    def counted(**kw: Any) -> Any:
+        builds.append(1)
+        return real(**kw)
+
+    monkeypatch.setattr(report, "build", counted)
+    return builds
+
+
+def reread(session: Session, job_id: int) -> Job:
+    """The job as the database holds it now."""
+    session.expire_all()
+    job = session.get(Job, job_id)
+    assert job is not None
+    return job
+
+
+TWO_CONFIGS = [{"preset": "default"}, {"preset": "default", "name": "b"}]
+RESULT_PATHS = ("comparison", "comparison/figure", "throughput/figure")
+
+
+def test_a_finished_jobs_pages_read_its_stored_result_without_rebuilding(
+        client: TestClient, session: Session, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_run(session, settings, configs=TWO_CONFIGS)
+    for r in run.job.runs:
+        record_steps(client, r)
+    builds = count_builds(monkeypatch, train_report)
+    for path in RESULT_PATHS:
+        assert client.get(f"/api/v1/jobs/{run.job_id}/{path}").status_code == 200
+    assert builds == []
+    stored = reread(session, run.job_id).result or {}
+    assert stored["verdict"] == "identical" and stored["steps_compared"] == 4  # steps 0-3
+
+
+def test_the_comparison_served_is_the_report_as_built(client: TestClient, session: Session,
+                                                      settings: Settings) -> None:
+    run = make_run(session, settings, configs=TWO_CONFIGS)
+    for r in run.job.runs:
+        record_steps(client, r)
+    built = json.loads(json.dumps(train_report.build(session=session, job=reread(session, run.job_id))))
+    assert client.get(f"/api/v1/jobs/{run.job_id}/comparison").json() == built
+
+
+def test_a_single_config_comparison_leaves_the_two_run_keys_out(client: TestClient, session: Session,
+                                                                settings: Settings) -> None:
+    run = make_run(session, settings)
+    record_steps(client, run)
+    served = client.get(f"/api/v1/jobs/{run.job_id}/comparison").json()
+    assert served["verdict"] is None and "mode" not in served and "environment" not in served
+    assert served == json.loads(json.dumps(train_report.build(session=session, job=run.job)))
+
+
+def test_the_stored_result_survives_an_api_restart(client: TestClient, session: Session, settings: Settings,
+                                                   db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_run(session, settings, configs=TWO_CONFIGS)
+    for r in run.job.runs:
+        record_steps(client, r)
+    before = client.get(f"/api/v1/jobs/{run.job_id}/comparison").json()
+    engine = make_engine(db_url)
+    app = create_app(reconciler=False)  # a new process: nothing of the first one's memory
+    with sessionmaker(engine)() as fresh:
+        app.dependency_overrides[get_session] = lambda: fresh
+        app.dependency_overrides[get_settings] = lambda: settings
+        builds = count_builds(monkeypatch, train_report)
+        with TestClient(app) as restarted:
+            assert restarted.get(f"/api/v1/jobs/{run.job_id}/comparison").json() == before
+            assert restarted.get("/api/v1/jobs").json()["items"][0]["verdict"] == "identical"
+    engine.dispose()
+    assert builds == []
+
+
+def test_a_running_job_shows_a_partial_comparison_built_on_each_read(
+        client: TestClient, session: Session, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_run(session, settings, configs=TWO_CONFIGS)
+    a, b = sorted(run.job.runs, key=lambda r: r.config_index)
+    record_steps(client, a, steps=1, finish=False)
+    record_steps(client, b, steps=0, finish=False)
+    builds = count_builds(monkeypatch, train_report)
+    partial = client.get(f"/api/v1/jobs/{run.job_id}/comparison").json()
+    assert partial["steps_compared"] == 1 and partial["verdict"] == "incomplete"
+    assert client.get(f"/api/v1/jobs/{run.job_id}/throughput/figure").status_code == 200
+    assert len(builds) == 2
+    assert reread(session, run.job_id).result is None
+    assert client.get("/api/v1/jobs").json()["items"][0]["verdict"] is None
+
+
+def test_a_job_finished_before_results_were_stored_gets_its_result_on_first_read(
+        client: TestClient, session: Session, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_run(session, settings, configs=TWO_CONFIGS)
+    for r in run.job.runs:
+        record_steps(client, r)
+    job = reread(session, run.job_id)
+    job.result, job.params = None, {**job.params, "verdict": "identical"}  # as the migration leaves it
+    session.commit()
+    assert client.get("/api/v1/jobs").json()["items"][0]["verdict"] == "identical"
+    builds = count_builds(monkeypatch, train_report)
+    for path in RESULT_PATHS:
         assert client.get(f"/api/v1/jobs/{run.job_id}/{path}").status_code == 200
     assert len(builds) == 1
+    assert (reread(session, run.job_id).result or {}).get("verdict") == "identical"
+
+
+def test_a_finished_job_that_recorded_nothing_is_a_404_without_rebuilding(
+        client: TestClient, session: Session, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_run(session, settings)
+    spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    client.post(f"/api/v1/ingest/runs/{run.id}/finish", json={"attempt": spec["attempt"], "status": "failed",
+                                                               "error": "died"}, headers=AUTH)
+    builds = count_builds(monkeypatch, train_report)
+    resp = client.get(f"/api/v1/jobs/{run.job_id}/comparison")
+    assert resp.status_code == 404 and "no recorded steps" in resp.json()["detail"]
+    assert builds == []
+
+
+def test_listings_take_the_verdict_from_the_stored_result(client: TestClient, session: Session,
+                                                          settings: Settings) -> None:
+    run = make_run(session, settings, configs=TWO_CONFIGS)
+    for r in run.job.runs:
+        record_steps(client, r)
+    [item] = client.get("/api/v1/jobs").json()["items"]
+    assert item["verdict"] == "identical" and item["config_names"] == ["default", "b"]
+    assert "verdict" not in client.get(f"/api/v1/jobs/{run.job_id}").json()["params"]
+
+
+def test_a_train_job_has_no_collective_result(client: TestClient, session: Session, settings: Settings) -> None:
+    run = make_run(session, settings)
+    record_steps(client, run)
+    resp = client.get(f"/api/v1/jobs/{run.job_id}/collective")
+    assert resp.status_code == 404 and "no collective trials" in resp.json()["detail"]
+
+
+def test_job_read_keeps_its_shape(client: TestClient, session: Session, settings: Settings) -> None:
+    run = make_run(session, settings, configs=TWO_CONFIGS)
+    record_steps(client, run, steps=1, finish=False)
+    job = client.get(f"/api/v1/jobs/{run.job_id}").json()
+    assert list(job) == ["id", "kind", "workload", "status", "world_size", "steps", "repeats", "params",
+                         "created_at", "configs", "runs", "progress"]
+    assert [list(c) for c in job["configs"]] == [["id", "name", "hash", "body"]] * 2
+    assert set(job["runs"][0]) == {"id", "config_index", "repeat", "status", "steps_done", "steps_total", "attempt",
+                                   "error", "node", "device", "fingerprint_impl"}
+    assert job["progress"] == 1 / 6 and job["runs"][0]["node"] == "w"
+    stored = reread(session, run.job_id)
+    assert job["created_at"] == stored.created_at.isoformat()
+
+
+def test_every_jobs_endpoint_declares_its_response_model() -> None:
+    from fastapi.routing import APIRoute
+
+    from detlab.backend.api import jobs as jobs_api
+
+    routes = [r for router in (jobs_api.router, jobs_api.runs_router) for r in router.routes]
+    assert routes and all(isinstance(r, APIRoute) and r.response_model is not None for r in routes)
+
+
+def test_served_figures_are_those_of_the_stored_result(client: TestClient, session: Session,
+                                                       settings: Settings) -> None:
+    from detlab.backend.figures import train as train_figures
+
+    run = make_run(session, settings, configs=TWO_CONFIGS)
+    for r in run.job.runs:
+        record_steps(client, r)
+    stored = reread(session, run.job_id).result or {}
+    for path, figure in (("comparison/figure", train_figures.comparison_figure),
+                         ("throughput/figure", train_figures.throughput_figure)):
+        assert client.get(f"/api/v1/jobs/{run.job_id}/{path}").json() == json.loads(json.dumps(figure(stored)))
+
+
+def finish_collective_job(client: TestClient, session: Session, settings: Settings) -> Job:
+    """A two-config collective job whose configs give different all_reduce outputs; both runs finished."""
+    run = make_run(session, settings, kind="collective", configs=TWO_CONFIGS,
+                   collective={"min_bytes": 4096, "max_bytes": 16384, "trials": 2})
+    job = run.job
+    for r in job.runs:
+        spec = client.post(f"/api/v1/ingest/runs/{r.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+        session.add_all(CollectiveTrial(run_id=r.id, op="all_reduce_sum", dtype="float32", bytes=size, trial=t,
+                                        rank=rank, digest=f"fp1:{r.config_index}{size}", time_s=1e-4)
+                        for size in (4096, 16384) for t in range(2) for rank in range(2))
+        session.commit()
+        done = {"attempt": spec["attempt"], "status": "succeeded"}
+        assert client.post(f"/api/v1/ingest/runs/{r.id}/finish", json=done, headers=AUTH).status_code == 200
+    return job
+
+
+def test_a_finished_collective_job_is_read_from_its_stored_result(
+        client: TestClient, session: Session, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from detlab.backend.figures import collective as collective_figures
+    from detlab.backend.reports import collective as collective_report
+
+    job = finish_collective_job(client, session, settings)
+    built = json.loads(json.dumps(collective_report.build(session=session, job=reread(session, job.id))))
+    builds = count_builds(monkeypatch, collective_report)
+    served = client.get(f"/api/v1/jobs/{job.id}/collective").json()
+    assert served == built and served["equality"][0]["equal"] == [[True, False], [False, True]]
+    figures = client.get(f"/api/v1/jobs/{job.id}/collective/figures").json()
+    assert figures == json.loads(json.dumps(collective_figures.collective_figures(built)))
+    assert builds == []
+    assert client.get(f"/api/v1/jobs/{job.id}/comparison").status_code == 404
+    assert client.get("/api/v1/jobs").json()["items"][0]["verdict"] is None
+
+
+def test_log_diff_lists_the_facts_that_differ(client: TestClient, session: Session, settings: Settings) -> None:
+    import base64
+    import zlib
+
+    from detlab.core import commlog
+
+    run = make_run(session, settings, configs=TWO_CONFIGS)
+    for r, name in zip(sorted(run.job.runs, key=lambda r: r.config_index),
+                       ["default", "tree-simple-1ch"], strict=True):
+        spec = client.post(f"/api/v1/ingest/runs/{r.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+        log = (FIXTURES / f"commlogs/nccl-2.28.9-h200-w1-ddp-{name}-detlab.log").read_bytes()
+        upload = {"attempt": spec["attempt"], "rank": 0, "zlib_b64": base64.b64encode(zlib.compress(log)).decode(),
+                  "raw_bytes": len(log)}
+        assert client.post(f"/api/v1/ingest/runs/{r.id}/commlog", json=upload, headers=AUTH).status_code == 200
+    a, b = (r.id for r in sorted(run.job.runs, key=lambda r: r.config_index))
+    parsed = [session.scalars(select(CommLog).where(CommLog.run_id == i)).one().parsed for i in (a, b)]
+    served = client.get(f"/api/v1/runs/{a}/logdiff/{b}").json()
+    assert served == {"a": a, "b": b, "diff": json.loads(json.dumps(commlog.diff_facts(*parsed)))}
+    assert served["diff"]
+
+
+def test_a_running_collective_job_shows_its_cells_so_far(client: TestClient, session: Session, settings: Settings,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from detlab.backend.reports import collective as collective_report
+
+    run = make_run(session, settings, kind="collective", collective={"min_bytes": 4096, "max_bytes": 16384})
+    client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH)
+    session.add_all(CollectiveTrial(run_id=run.id, op="all_reduce_sum", dtype="float32", bytes=4096, trial=0,
+                                    rank=rank, digest="fp1:x", time_s=1e-4) for rank in range(2))
+    session.commit()
+    builds = count_builds(monkeypatch, collective_report)
+    assert [c["bytes"] for c in client.get(f"/api/v1/jobs/{run.job_id}/collective").json()["cells"]] == [4096]
+    assert client.get(f"/api/v1/jobs/{run.job_id}/collective/figures").status_code == 200
+    assert len(builds) == 2 and reread(session, run.job_id).result is None
+
+
+@pytest.mark.parametrize("body", ['{"workload": "mlp", "configs": [{}], "world_size": NaN}',
+                                  '{"workload": "mlp", "configs": [{}], "steps": Infinity}',
+                                  '{"workload": "mlp", "configs": [{}], "repeats": 1e999}'])
+def test_a_non_finite_number_in_a_job_is_a_422_not_a_500(client: TestClient, body: str) -> None:
+    resp = client.post("/api/v1/jobs", content=body, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["detail"][0]["loc"][0] == "body"

@@ -9,7 +9,6 @@ from detlab.backend.figures.train import (
     FIRST_DIVERGENCE,
     abs_loss_delta,
     comparison_figure,
-    cost_label,
     throughput_figure,
 )
 
@@ -35,9 +34,10 @@ def make_comparison(**overrides: Any) -> dict[str, Any]:
         "config_diff": [{"key": "torch.deterministic_algorithms", "a": False, "b": True}],
         "throughput": [
             {"config_index": 0, "name": "default", "samples_per_s": 1200.0, "spread": [1100.0, 1250.0],
-             "step_time_ms_median": 12.3, "runs": 3, "cost": None},
+             "step_time_ms_median": 12.3, "runs": 3, "cost": None, "cost_text": "baseline"},
             {"config_index": 1, "name": "full-deterministic", "samples_per_s": 1000.0,
-             "spread": [950.0, 1010.0], "step_time_ms_median": 14.0, "runs": 3, "cost": 0.19},
+             "spread": [950.0, 1010.0], "step_time_ms_median": 14.0, "runs": 3, "cost": 0.19,
+             "cost_text": "19.0% slower (95% CI 17.0% to 21.0%)"},
         ],
         "reproducibility": [],
         "effective_mismatches": [],
@@ -197,7 +197,7 @@ def test_throughput_error_bars_come_from_spread() -> None:
 def test_throughput_annotates_cost_per_config() -> None:
     notes = throughput_figure(make_comparison())["layout"]["annotations"]
 
-    assert [a["text"] for a in notes] == ["baseline", "19.0% slower"]
+    assert [a["text"] for a in notes] == ["baseline", "19.0% slower (95% CI 17.0% to 21.0%)"]
 
 
 def test_throughput_skips_configs_without_measurement() -> None:
@@ -205,10 +205,6 @@ def test_throughput_skips_configs_without_measurement() -> None:
     rows[1]["samples_per_s"] = None
 
     assert throughput_figure(make_comparison(throughput=rows))["data"][0]["x"] == ["A: default"]
-
-
-def test_cost_label_negative_cost_is_faster() -> None:
-    assert cost_label(-0.05) == "5.0% faster"
 
 
 def test_steps_that_differ_without_tensor_detail_are_marked_not_drawn_as_zero() -> None:

@@ -6,11 +6,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import create_engine, text
+import pytest
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.orm import Session
 
+from detlab.backend.models import SUCCEEDED, CollectiveTrial, Finding
+from detlab.backend.reports import collective as collective_report
 from detlab.backend.reports.findings import rows_from_result, store, summary
+from detlab.backend.schemas import JobCreate
+from detlab.backend.services.jobs import create_job
+from detlab.backend.services.settle import settle
+from detlab.core.settings import Settings
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "results" / "2026-11-29-h200-nccl"
@@ -65,3 +73,29 @@ def test_import_results_refuses_a_file_that_is_not_a_result(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-m", "detlab.cli", "import-results", str(bad)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "not a detlab result file" in out.stderr
+
+
+def test_a_settled_collective_job_records_its_stored_result_built_once(session: Session, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    data = JobCreate.model_validate({"kind": "collective", "world_size": 2, "configs": [{}],
+                                     "collective": {"min_bytes": 4096, "max_bytes": 16384}})
+    job = create_job(session=session, data=data, settings=Settings(data_dir=tmp_path), submitter=None)
+    [run] = job.runs
+    session.add_all(CollectiveTrial(run_id=run.id, op="all_reduce_sum", dtype="float32", bytes=size, trial=0,
+                                    rank=rank, digest="fp1:x", time_s=1e-4) for size in (4096, 16384)
+                    for rank in range(2))
+    run.status, run.device = SUCCEEDED, "cpu"
+    builds: list[int] = []
+    real = collective_report.build
+
+    def counted(**kw: Any) -> Any:
+        builds.append(1)
+        return real(**kw)
+
+    monkeypatch.setattr(collective_report, "build", counted)
+    settle(session=session, job=job)
+    settle(session=session, job=job)  # a job settles again without its result being rebuilt
+    assert len(builds) == 1
+    assert len((job.result or {})["cells"]) == 2
+    assert session.scalar(select(func.count()).select_from(Finding).where(Finding.source == f"job {job.id}")) == 2
+    assert {f.hardware for f in session.scalars(select(Finding))} == {"2 x cpu"}

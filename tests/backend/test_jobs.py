@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session
 
-from detlab.backend.schemas import Heartbeat, JobCreate
+from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import CHANNEL_VARS, InvalidJob, create_job, expand_sweep
 from detlab.backend.services.workers import heartbeat
 from detlab.core import configs
 from detlab.core.settings import Settings
+from detlab.core.wire import Heartbeat
 
 
 def test_sweep_has_one_config_per_cell_of_the_product() -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import Connection, inspect, text
 
 from detlab.backend.db import make_engine
 from detlab.backend.models import Base
@@ -30,3 +32,29 @@ def test_models_have_no_drift_from_migrations(db_url: str) -> None:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+def _insert_job(conn: Connection, **values: object) -> None:
+    row = {"kind": "train", "workload": "mlp", "world_size": 1, "steps": 3, "repeats": 1, "config_ids": "[]",
+           "status": "succeeded", "queue": "default", "created_at": "2026-11-30 12:00:00+00:00", **values}
+    conn.execute(text(f"INSERT INTO jobs ({', '.join(row)}) VALUES ({', '.join(':' + k for k in row)})"), row)
+
+
+def test_job_results_migrate_up_and_down_keeping_verdicts(db_url: str) -> None:
+    config = alembic_config(db_url)
+    command.upgrade(config, "0003")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        _insert_job(conn, id=1, params=json.dumps({"verdict": "diverged"}))  # settled before 0004
+    command.upgrade(config, "0004")
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT result FROM jobs WHERE id = 1")).scalar() is None
+        _insert_job(conn, id=2, params=json.dumps({}), result=json.dumps({"verdict": "identical", "per_step": []}))
+    command.downgrade(config, "0003")
+    assert "result" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
+    with engine.connect() as conn:
+        params = dict(conn.execute(text("SELECT id, params FROM jobs ORDER BY id")).all())
+    verdicts = {i: (json.loads(p) if isinstance(p, str) else p)["verdict"] for i, p in params.items()}
+    assert verdicts == {1: "diverged", 2: "identical"}
+    command.upgrade(config, "head")
+    engine.dispose()

@@ -13,6 +13,7 @@ from detlab.core.train import (
     compare_runs,
     cost,
     cost_estimate,
+    cost_text,
     reproducibility,
     throughput,
 )
@@ -634,3 +635,14 @@ def test_cost_interval_is_none_without_timed_steps() -> None:
 def test_cost_interval_is_reproducible() -> None:
     args = ([timed_run(noisy(0.1, 30, 1), 1)], [timed_run(noisy(0.12, 30, 2), 2)], 10)
     assert cost_estimate(*args) == cost_estimate(*args)
+
+
+@pytest.mark.parametrize(("estimate", "text"), [
+    (None, "baseline"),
+    ({"cost": None, "interval": None, "within_noise": None}, "not measured"),
+    ({"cost": 0.012, "interval": [-0.021, 0.034], "within_noise": True}, "within noise (-2.1% to +3.4%)"),
+    ({"cost": 0.19, "interval": [0.152, 0.228], "within_noise": False}, "19.0% slower (95% CI 15.2% to 22.8%)"),
+    ({"cost": -0.05, "interval": [-0.07, -0.031], "within_noise": False}, "5.0% faster (95% CI 3.1% to 7.0%)"),
+])
+def test_cost_reads_with_its_interval_or_as_noise(estimate: dict | None, text: str) -> None:
+    assert cost_text(estimate) == text

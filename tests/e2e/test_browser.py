@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from detlab.core.collective import DTYPES, OPS
 from tests.e2e.conftest import Stack
 
 CHROMIUM = "/usr/bin/chromium"
@@ -18,10 +19,30 @@ ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-f
 pytestmark = pytest.mark.browser
 
 
+def screenshot_dir(tmp_path: Path) -> Path:
+    return Path(os.environ.get("DETLAB_SCREENSHOT_DIR", tmp_path))
+
+
+def test_the_form_offers_the_servers_ops_and_dtypes(embedded: Stack) -> None:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.goto(embedded.url)
+        page.select_option("#kind", "collective")
+        expect(page.locator("#op-checks input")).to_have_count(len(OPS))
+        assert page.eval_on_selector_all("#op-checks input", "els => els.map(e => e.value)") == list(OPS)
+        assert page.eval_on_selector_all("#dtype-checks input", "els => els.map(e => e.value)") == list(DTYPES)
+        expect(page.locator("#op-all_reduce_sum")).to_be_checked()
+        expect(page.locator("#op-all_reduce_sum").locator("..")).to_have_text("all_reduce (sum)")
+        browser.close()
+
+
 def test_submitting_on_the_page_shows_the_divergence_marker(embedded: Stack, tmp_path: Path) -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(embedded.url)
         page.select_option("#workload", "mlp")
         page.fill("#world-size", "2")
@@ -42,8 +63,8 @@ def test_submitting_on_the_page_shows_the_divergence_marker(embedded: Stack, tmp
             const traces = (document.getElementById('chart').data || []).filter(t => t.name === 'first divergence');
             return traces.length ? traces[0].x : null; }""", timeout=30_000).json_value()
         assert list(marker) == [1]
-        page.screenshot(path=str(Path(os.environ.get("DETLAB_SCREENSHOT_DIR", tmp_path)) / "job.png"),
-                        full_page=True)
+        assert errors == []
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "job.png"), full_page=True)
         browser.close()
 
 
@@ -87,7 +108,7 @@ def test_findings_page_shows_imported_results_with_bandwidth_beside_the_verdict(
         browser.close()
 
 
-def test_collective_job_page_shows_cells_charts_and_the_gloo_note(embedded: Stack) -> None:
+def test_collective_job_page_shows_cells_charts_and_the_gloo_note(embedded: Stack, tmp_path: Path) -> None:
     job = embedded.submit({"kind": "collective", "world_size": 2, "configs": [{"preset": "default"}],
                            "collective": {"min_bytes": 4096, "max_bytes": 16384, "trials": 2, "warmup": 0}})
     embedded.wait_job(job["id"])
@@ -102,4 +123,5 @@ def test_collective_job_page_shows_cells_charts_and_the_gloo_note(embedded: Stac
         expect(page.locator("#logs-note")).to_contain_text("gloo")
         page.wait_for_function("() => (document.getElementById('heatmap').data || []).length > 0")
         assert errors == []
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "collective.png"), full_page=True)
         browser.close()

@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from detlab.worker.fingerprint import (
+    FP1_KEY,
     FP_VERSION,
+    DigestKey,
     bytes_to_digest,
     certificate,
     digest_to_bytes,
@@ -97,9 +99,15 @@ def random_tensor(dtype: torch.dtype, numel: int, seed: int = 0, device: str = "
     return raw.view(dtype).to(device)
 
 
-def spec_digest(data: bytes) -> str:
-    """fp1 written straight from docs/fingerprint.md in Python ints: an independent check of reference.py."""
+FP1_CONSTANTS = ((0x9E3779B97F4A7C15, 0xD1B54A32D192ED03), (0, 0), (0x6A09E667F3BCC908, 0xBB67AE8584CAA73B))
+
+
+def spec_digest(data: bytes, constants: tuple = FP1_CONSTANTS, prefix: str = "fp1") -> str:
+    """fp1 written straight from docs/fingerprint.md in Python ints: an independent check of reference.py.
+
+    `constants` = (G, P, F) per lane; a keyed digest is the same algorithm with secret ones."""
     m64 = (1 << 64) - 1
+    (g0, g1), (p0, p1), (f0, f1) = constants
 
     def mix(z: int, s1: int, m1: int, s2: int, m2: int, s3: int) -> int:
         z = ((z ^ (z >> s1)) * m1) & m64
@@ -112,11 +120,11 @@ def spec_digest(data: bytes) -> str:
     s0 = s1 = 0
     for j in range(len(padded) // 8):
         u = int.from_bytes(padded[8 * j : 8 * j + 8], "little")
-        s0 = (s0 + mix(u ^ ((j * 0x9E3779B97F4A7C15) & m64), *mix0)) & m64
-        s1 = (s1 + mix(u ^ ((j * 0xD1B54A32D192ED03) & m64), *mix1)) & m64
-    h0 = mix(s0 ^ mix(len(data) ^ 0x6A09E667F3BCC908, *mix0), *mix0)
-    h1 = mix(s1 ^ mix(len(data) ^ 0xBB67AE8584CAA73B, *mix1), *mix1)
-    return f"fp1:{h0:016x}{h1:016x}"
+        s0 = (s0 + mix(u ^ ((j * g0 + p0) & m64), *mix0)) & m64
+        s1 = (s1 + mix(u ^ ((j * g1 + p1) & m64), *mix1)) & m64
+    h0 = mix(s0 ^ mix(len(data) ^ f0, *mix0), *mix0)
+    h1 = mix(s1 ^ mix(len(data) ^ f1, *mix1), *mix1)
+    return f"{prefix}:{h0:016x}{h1:016x}"
 
 
 def flip_bit(t: torch.Tensor, bit: int) -> torch.Tensor:
@@ -263,6 +271,117 @@ def test_nan_payloads_differ() -> None:
     assert fingerprint(quiet) != fingerprint(payload)
 
 
+def fp1_three_word_collision(base: torch.Tensor, positions: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two tensors shaped like `base` that differ in three 8-byte words and have the same fp1 digest, built
+    from the spec's formulas with no search (see "Known collisions" in docs/fingerprint.md).
+
+    A lane sum depends only on the lane's multiset of keys `u_j XOR (j * G_k)`. Words x, y, z at positions
+    a, b, c are replaced by x', y', z' so that lane 0's keys rotate one way (new key at a = old key at b,
+    b <- c, c <- a) and lane 1's the other way (a <- c, b <- a, c <- b). Six XOR equations, consistent for
+    any positions: x is base's word at a, everything else follows.
+    """
+    m64 = (1 << 64) - 1
+    a, b, c = positions
+    a0, b0, c0 = ((p * 0x9E3779B97F4A7C15) & m64 for p in positions)
+    a1, b1, c1 = ((p * 0xD1B54A32D192ED03) & m64 for p in positions)
+    raw = bytearray(tensor_bytes(base))
+
+    def put(data: bytearray, j: int, word: int) -> None:
+        data[8 * j : 8 * j + 8] = word.to_bytes(8, "little")
+
+    x = int.from_bytes(raw[8 * a : 8 * a + 8], "little")
+    y, z = x ^ a0 ^ c0 ^ b1 ^ c1, x ^ b0 ^ c0 ^ a1 ^ b1
+    put(raw, b, y)
+    put(raw, c, z)
+    other = bytearray(raw)
+    for j, word in ((a, y ^ a0 ^ b0), (b, z ^ b0 ^ c0), (c, x ^ a0 ^ c0)):
+        put(other, j, word)
+
+    def build(data: bytearray) -> torch.Tensor:
+        return torch.frombuffer(data, dtype=torch.uint8).clone().view(base.dtype).reshape(base.shape)
+
+    return build(raw), build(other)
+
+
+@pytest.mark.parametrize("positions", [(0, 1, 2), (3, 10, 41), (5, 4, 1000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_three_words_rotated_in_key_space_collide_under_plain_fp1(dtype: torch.dtype, positions: tuple) -> None:
+    a, b = fp1_three_word_collision(random_tensor(dtype, 8192 // torch.empty(0, dtype=dtype).element_size(), 30),
+                                    positions)
+    words_a, words_b = (np.frombuffer(tensor_bytes(t), dtype="<u8") for t in (a, b))
+    assert np.flatnonzero(words_a != words_b).tolist() == sorted(positions)
+    assert fingerprint(a) == fingerprint(b)
+    assert spec_digest(tensor_bytes(a)) == spec_digest(tensor_bytes(b))  # the spec itself collides, not a bug
+    assert certificate(a) != certificate(b)
+
+
+# --- keyed digests (detlab diff) --------------------------------------------------------------------------
+
+# A fixed key, so that failures reproduce; DigestKey.random() is what `detlab diff` uses.
+KEY_CONSTANTS = ((0x3C6EF372FE94F82B, 0xA54FF53A5F1D36F1), (0x510E527FADE682D1, 0x9B05688C2B3E6C1F),
+                 (0x1F83D9ABFB41BD6B, 0x5BE0CD19137E2179))  # fmt: skip
+KEY = DigestKey(*KEY_CONSTANTS)
+
+
+def test_fp1_key_is_plain_fp1() -> None:
+    t = random_tensor(torch.bfloat16, 1001, 31)
+    assert fingerprint(t, key=FP1_KEY) == fingerprint(t) == fingerprint_bytes(tensor_bytes(t), key=FP1_KEY)
+    assert spec_digest(tensor_bytes(t)) == fingerprint(t)
+
+
+def test_keyed_reference_matches_the_spec_transcription() -> None:
+    rng = random.Random(32)
+    for n in [0, 1, 7, 8, 9, 100, 1001]:
+        data = rng.randbytes(n)
+        assert fingerprint_bytes(data, key=KEY) == spec_digest(data, KEY_CONSTANTS, "fp1-keyed"), n
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_keyed_torch_matches_keyed_reference(dtype: torch.dtype) -> None:
+    for seed, numel in enumerate(SIZES):
+        t = random_tensor(dtype, numel, seed)
+        assert fingerprint(t, key=KEY) == fingerprint_bytes(tensor_bytes(t), key=KEY), (dtype, numel)
+    t = random_tensor(dtype, 1001, 33)
+    assert fingerprint_torch(t, chunk_words=7, key=KEY) == fingerprint_bytes(tensor_bytes(t), chunk_words=5, key=KEY)
+    view = random_tensor(dtype, 40, 34)[1::3]
+    assert fingerprint_many([view, t], key=KEY) == [fingerprint(dense_copy(view), key=KEY), fingerprint(t, key=KEY)]
+
+
+def test_keyed_digest_is_marked_and_depends_on_the_key() -> None:
+    t = random_tensor(torch.float32, 100, 35)
+    digests = {fingerprint(t, key=k) for k in (KEY, DigestKey.random(), DigestKey.random(), FP1_KEY)}
+    assert len(digests) == 4
+    assert re.fullmatch(r"fp1-keyed:[0-9a-f]{32}", fingerprint(t, key=KEY))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_random_keys_tell_the_fp1_colliding_pair_apart(dtype: torch.dtype) -> None:
+    a, b = fp1_three_word_collision(random_tensor(dtype, 512, 36), (3, 10, 41))
+    assert fingerprint(a) == fingerprint(b)
+    for key in [KEY] + [DigestKey.random() for _ in range(20)]:
+        assert fingerprint(a, key=key) != fingerprint(b, key=key)
+
+
+def test_keyed_every_single_bit_flip_gives_a_distinct_digest() -> None:
+    t = random_tensor(torch.float32, 16, 37)
+    digests = {fingerprint(t, key=KEY)} | {fingerprint(flip_bit(t, b), key=KEY) for b in range(16 * 32)}
+    assert len(digests) == 16 * 32 + 1
+
+
+def test_random_keys_are_fresh_with_odd_multipliers() -> None:
+    keys = [DigestKey.random() for _ in range(50)]
+    assert len(set(keys)) == 50
+    assert all(m & 1 for k in keys for m in k.pos_mul)
+    assert "pos_mul" not in repr(keys[0])  # a key printed in a log or traceback is no longer secret
+
+
+@pytest.mark.parametrize("bad", [{"pos_mul": (2, 3)}, {"pos_add": (1 << 64, 0)}, {"len_key": (-1, 0)}])
+def test_digest_key_rejects_invalid_constants(bad: dict) -> None:
+    fields = dict(zip(("pos_mul", "pos_add", "len_key"), KEY_CONSTANTS, strict=True)) | bad
+    with pytest.raises(ValueError):
+        DigestKey(**fields)
+
+
 def test_trailing_zero_byte_changes_the_digest() -> None:
     three = torch.tensor([1, 2, 3], dtype=torch.uint8)
     four = torch.tensor([1, 2, 3, 0], dtype=torch.uint8)
@@ -313,6 +432,134 @@ def test_empty_tensors_hash_like_empty_bytes(dtype: torch.dtype) -> None:
 def test_sparse_tensor_is_refused_with_a_hint() -> None:
     with pytest.raises(TypeError, match="to_dense"):
         fingerprint(torch.eye(3).to_sparse())
+
+
+def dense_copy(view: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor with row-major strides and the view's logical values (conj/neg resolved by copy_)."""
+    return torch.empty(view.shape, dtype=view.dtype).copy_(view)
+
+
+# One element at a stride other than 1: `contiguous()` keeps such a tensor as it is (a dimension of size 1
+# may have any stride), so its bytes cannot be reinterpreted with `view(torch.uint8)`.
+ONE_ELEMENT_VIEWS: dict[str, Callable[[str], torch.Tensor]] = {
+    "[::2] of 2": lambda dev: random_tensor(torch.float32, 2, 20, dev)[::2],
+    "t()[2:3] of (1, 5)": lambda dev: random_tensor(torch.float32, 5, 21, dev).reshape(1, 5).t()[2:3],
+    "bf16 column [2:3, 1]": lambda dev: random_tensor(torch.bfloat16, 12, 22, dev).reshape(4, 3)[2:3, 1],
+    "float64 [1::7] of 8": lambda dev: random_tensor(torch.float64, 8, 23, dev)[1::7],
+    "complex conj at stride 3": lambda dev: random_tensor(torch.complex64, 6, 24, dev)[1::3][:1].conj(),
+    "neg view at stride 2": lambda dev: random_tensor(torch.complex64, 4, 25, dev).conj()[::2][1:].imag,
+    "(1, 1) of a transpose": lambda dev: random_tensor(torch.int16, 12, 26, dev).reshape(3, 4).t()[1:2, 2:3],
+    "expanded one element": lambda dev: random_tensor(torch.int32, 4, 27, dev)[::2][1:].expand(1, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_ELEMENT_VIEWS))
+def test_one_element_view_with_any_stride_matches_its_contiguous_copy(name: str) -> None:
+    view = ONE_ELEMENT_VIEWS[name]("cpu")
+    assert view.numel() == 1 and view.stride() != (1,) * view.dim()
+    copy = dense_copy(view)
+    assert fingerprint(view) == fingerprint(copy) == fingerprint_bytes(tensor_bytes(copy))
+    assert tensor_bytes(view) == tensor_bytes(copy) and certificate(view) == certificate(copy)
+
+
+def strided_case(rng: random.Random, dtype: torch.dtype) -> tuple[torch.Tensor, bytes]:
+    """A random as_strided view (strides 0, 1 or more, any order, overlapping or not) of random bytes,
+    and its logical bytes gathered element by element with numpy: an oracle that uses no torch view."""
+    ndim = rng.randint(0, 4)
+    shape = [rng.choice([0, 1, 1, 2, 3, 5]) for _ in range(ndim)]
+    strides = [rng.choice([0, 1, 2, 3, 7, 20]) for _ in range(ndim)]
+    offset = rng.randint(0, 5)
+    esize = torch.empty(0, dtype=dtype).element_size()
+    span = offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if n) + 1
+    raw = np.frombuffer(rng.randbytes(span * esize), dtype=np.uint8)
+    view = torch.from_numpy(raw.copy()).view(dtype).as_strided(shape, strides, offset)
+    index = np.full(shape, offset, dtype=np.int64)
+    for axis, (n, s) in enumerate(zip(shape, strides, strict=True)):
+        index += (np.arange(n) * s).reshape([n if a == axis else 1 for a in range(ndim)])
+    gathered = raw.reshape(-1, esize)[index.reshape(-1)]
+    return view, gathered.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.uint8, torch.complex64],
+                         ids=str)
+def test_any_strided_view_hashes_its_logical_bytes(dtype: torch.dtype) -> None:
+    rng = random.Random(str(dtype))
+    for _ in range(300):
+        view, logical = strided_case(rng, dtype)
+        case = (tuple(view.shape), view.stride(), view.storage_offset())
+        assert tensor_bytes(view) == logical, case
+        assert fingerprint(view) == fingerprint_bytes(logical), case
+
+
+ALL_DTYPES = sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)}, key=str)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_every_dtype_torch_has_hashes_its_bytes_as_stored(dtype: torch.dtype) -> None:
+    raw = random_tensor(torch.uint8, 96, 40)
+    # A uint8 buffer viewed as a quantized dtype has no quantizer (is_quantized is False): plain bytes.
+    t = raw.view(dtype)
+    esize = t.element_size()
+    every_third = b"".join(tensor_bytes(raw)[i * esize : (i + 1) * esize] for i in range(1, t.numel(), 3))
+    assert fingerprint(t[1::3]) == fingerprint_bytes(every_third)
+
+
+def test_neg_view_hashes_the_negated_values() -> None:
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    imag = z.conj().imag  # a lazy negation of z's imaginary parts
+    assert imag.is_neg()
+    assert fingerprint(imag) == fingerprint(torch.tensor([-2.0, 4.0]))
+
+
+def two_tensor() -> torch.Tensor:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    return TwoTensor(torch.ones(3), torch.zeros(3))
+
+
+# Tensors torch.save can hold (and torch.load(weights_only=True) gives back) whose bytes alone are not their
+# values, or which have no bytes: refused with a TypeError that says what the tensor is and what to do.
+REFUSED: dict[str, tuple[Callable[[], torch.Tensor], str]] = {
+    "sparse coo": (lambda: torch.eye(3).to_sparse(), "sparse_coo.*to_dense"),
+    "sparse csr": (lambda: torch.eye(3).to_sparse_csr(), "sparse_csr.*to_dense"),
+    "sparse bsr": (lambda: torch.eye(4).to_sparse_bsr((2, 2)), "sparse_bsr.*to_dense"),
+    "nested": (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "nested.*unbind"),
+    "nested jagged": (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged),
+                      "nested.*unbind"),
+    "meta": (lambda: torch.empty(3, device="meta"), "meta.*no data"),
+    "wrapper subclass": (two_tensor, "TwoTensor.*__torch_dispatch__"),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # sparse CSR/BSR and nested tensors are beta/prototype
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_tensor_without_plain_bytes_is_refused_with_what_to_do(name: str) -> None:
+    build, message = REFUSED[name]
+    for function in (fingerprint, certificate, tensor_bytes):
+        with pytest.raises(TypeError, match=message):
+            function(build())
+
+
+def test_quantized_tensors_are_refused_not_a_crash() -> None:
+    # Until refused, hashing a quantized tensor's bytes killed the process (SIGSEGV): run it in a child.
+    code = (
+        "import torch, warnings; warnings.simplefilter('ignore')\n"
+        "from detlab.worker.fingerprint import fingerprint, certificate\n"
+        "qs = [torch.quantize_per_tensor(torch.randn(5), 0.1, 3, torch.quint8),\n"
+        "      torch.quantize_per_channel(torch.randn(2, 3), torch.tensor([0.1, 0.2]), torch.tensor([0, 1]), 0,\n"
+        "                                 torch.qint8)]\n"
+        "for q in qs:\n"
+        "    for f in (fingerprint, certificate):\n"
+        "        try:\n"
+        "            f(q)\n"
+        "        except TypeError as exc:\n"
+        "            print(exc)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    refusals = done.stdout.splitlines()
+    assert len(refusals) == 4 and all("quantized" in r and "int_repr" in r for r in refusals), refusals
 
 
 # --- digest format and packing -------------------------------------------------------------------------
@@ -482,3 +729,32 @@ def test_a_models_parameters_each_step_as_a_training_loop_passes_them() -> None:
         with torch.no_grad():
             model.weight.add_(1.0)
     assert len(seen) == 3
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", list(ONE_ELEMENT_VIEWS))
+def test_one_element_views_on_cuda_match_the_reference(name: str) -> None:
+    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    view = ONE_ELEMENT_VIEWS[name]("cuda")
+    want = fingerprint_bytes(tensor_bytes(dense_copy(view.cpu())))
+    assert fingerprint_torch(view) == want
+    for _ in range(3):  # planned, kept and captured, replayed
+        assert fingerprint_many_triton([view]) == [want]
+
+
+@needs_cuda
+def test_keyed_digests_on_cuda_match_the_keyed_reference() -> None:
+    tensors = [random_tensor(d, 1003, i, device="cuda") for i, d in enumerate(DTYPES)]
+    tensors.append(tensors[0][1::3])
+    assert fingerprint_many(tensors, key=KEY) == [fingerprint_bytes(tensor_bytes(t), key=KEY) for t in tensors]
+
+
+@needs_cuda
+def test_quantized_cuda_tensor_is_refused_by_triton_and_torch_paths() -> None:
+    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    q = torch.quantize_per_tensor(torch.randn(64, device="cuda"), 0.1, 3, torch.quint8)
+    for run in (fingerprint, fingerprint_torch, lambda t: fingerprint_many_triton([t])):
+        with pytest.raises(TypeError, match="quantized"):
+            run(q)

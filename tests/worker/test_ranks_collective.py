@@ -11,25 +11,35 @@ import pytest
 import torch
 
 from detlab.core.collective import DTYPE_BYTES, OPS, compare_configs, summarize
+from detlab.core.wire import CollectiveSpec, EnvRecord, RankSpec, Record, TrialRecord
 from detlab.worker import verify
 from detlab.worker.ranks.collective import input_tensor, input_values_np, reference, round_to
 
 SIZES = [4096, 16384, 65536]
 TRIALS = 3
-SPEC = {"ops": list(OPS), "dtypes": list(DTYPE_BYTES), "sizes": SIZES, "trials": TRIALS, "warmup": 1,
-        "seed": 1234, "device": "cpu", "threads": 1}
-_runs: dict[int, list[dict[str, Any]]] = {}
+COLLECTIVE = CollectiveSpec(ops=list(OPS), dtypes=list(DTYPE_BYTES), sizes=SIZES, trials=TRIALS, warmup=1)
+_runs: dict[int, list[Record]] = {}
 
 
-def records(world: int) -> list[dict[str, Any]]:
+def spec(world: int) -> RankSpec:
+    return RankSpec(kind="collective", workload="collective", world_size=world, steps=COLLECTIVE.cells(), seed=1234,
+                    threads=1, collective=COLLECTIVE, device="cpu")
+
+
+def records(world: int) -> list[Record]:
     """Every record of one gloo run at this world size (run once per session, shared by the tests)."""
     if world not in _runs:
-        _runs[world] = verify.launch(SPEC, world, timeout_s=120)
+        _runs[world] = verify.launch(spec(world), timeout_s=120)
     return _runs[world]
 
 
+def envs(world: int) -> list[EnvRecord]:
+    return [r for r in records(world) if isinstance(r, EnvRecord)]
+
+
 def trials(world: int, op: str | None = None) -> list[dict[str, Any]]:
-    return [r for r in records(world) if r["type"] == "trial" and op in (None, r["op"])]
+    """The trial records as the plain dicts detlab.core.collective takes."""
+    return [r.model_dump() for r in records(world) if isinstance(r, TrialRecord) and op in (None, r.op)]
 
 
 @pytest.mark.parametrize("dtype", list(DTYPE_BYTES))
@@ -69,8 +79,8 @@ def test_gloo_run_records_every_cell_trial_and_rank(world: int) -> None:
     want = {(o, d, s, t, r) for o in OPS for d in DTYPE_BYTES for s in SIZES for t in range(TRIALS)
             for r in range(world)}
     assert got == want
-    assert sorted(r["rank"] for r in records(world) if r["type"] == "env") == list(range(world))
-    assert all(r["fingerprint_impl"] == "torch-cpu" for r in records(world) if r["type"] == "env")
+    assert sorted(r.rank for r in envs(world)) == list(range(world))
+    assert all(r.fingerprint_impl == "torch-cpu" for r in envs(world))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -124,9 +134,11 @@ def test_verify_main_returns_0_and_prints_json(capsys: pytest.CaptureFixture[str
 
 def test_verify_main_returns_1_when_not_reproducible(monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    def flaky(spec: dict[str, Any], world: int, *, timeout_s: float) -> list[dict[str, Any]]:
-        return [{"type": "trial", "op": "all_reduce_sum", "dtype": "float32", "bytes": 4096, "trial": t, "rank": r,
-                 "digest": f"fp1:{t}", "prefix_digest": "fp1:p", "time_s": 1e-3} for t in range(2) for r in range(2)]
+    def flaky(spec: RankSpec, *, timeout_s: float) -> list[Record]:
+        return [TrialRecord(op="all_reduce_sum", dtype="float32", bytes=4096, count=1024, op_bytes=4096,
+                            world_size=spec.world_size, trial=t, rank=r, digest=f"fp1:{t:032x}",
+                            prefix_digest="fp1:" + "0" * 32, fp_version="fp1", time_s=1e-3)
+                for t in range(2) for r in range(2)]
 
     monkeypatch.setattr(verify, "launch", flaky)
     assert verify.main(["--world-size", "2", "--max-bytes", "4K"]) == 1
@@ -134,7 +146,7 @@ def test_verify_main_returns_1_when_not_reproducible(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("argv", [["--ops", "allreduce"], ["--dtypes", "float64"], ["--min-bytes", "2M"],
-                                  ["--world-size", "0"], ["--trials", "x"]])
+                                  ["--world-size", "0"], ["--trials", "x"], ["--trials", "5000"], ["--seed", "-1"]])
 def test_verify_main_rejects_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert verify.main(argv) == 2
     assert "error" in capsys.readouterr().err

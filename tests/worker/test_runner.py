@@ -1,39 +1,167 @@
-"""The worker's launch environment and spool reading (plain functions, no Celery)."""
+"""The worker's launch environment, spool reading and rank launcher (plain functions, no Celery)."""
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from detlab.worker.runner import SpoolReader, rank_env
+from detlab.core.wire import RankSpec, RunSpec, StepRecord
+from detlab.worker import launch, runner
+from detlab.worker.client import BadSpec
+from detlab.worker.launch import RankFailed, RanksTimedOut, SpoolReader, launch_ranks, torchrun_env
+from detlab.worker.runner import child_env
+
+DIGEST = "fp1:" + "0" * 32
 
 
-def spec(**env: str) -> dict:
-    return {"env": env, "world_size": 4, "threads": None}
+def run_spec(**env: str) -> RunSpec:
+    return RunSpec(run_id=1, attempt=1, kind="train", workload="mlp", world_size=4, steps=3, env=env)
 
 
-def test_rank_env_refuses_a_variable_outside_the_allow_list(tmp_path: Path) -> None:
+def step(n: int) -> StepRecord:
+    return StepRecord(step=n, rank=0, fp_version="fp1", model_digest=DIGEST, digests="ab" * 16, loss_bits="",
+                      step_time_s=0.0)
+
+
+def test_child_env_refuses_a_variable_outside_the_allow_list(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="LD_PRELOAD is not an allowed variable"):
-        rank_env(spec(LD_PRELOAD="/tmp/x.so"), 0, 1234, tmp_path)
+        child_env(run_spec(LD_PRELOAD="/tmp/x.so"), 0, tmp_path)
 
 
-def test_rank_env_is_torchrun_style_with_one_nccl_log_per_rank(tmp_path: Path) -> None:
-    env = rank_env(spec(NCCL_ALGO="Ring", NCCL_DEBUG_SUBSYS="INIT"), 2, 1234, tmp_path)
+def test_a_rank_env_is_torchrun_style_with_one_nccl_log_per_rank(tmp_path: Path) -> None:
+    base = child_env(run_spec(NCCL_ALGO="Ring", NCCL_DEBUG_SUBSYS="INIT", OMP_NUM_THREADS="8"), 2, tmp_path)
+    env = torchrun_env(base, 2, 4, 1234, threads=3)
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("2", "2", "4", "1234")
     assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl-rank2.log")
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_ALGO"] == "Ring"
     assert env["NCCL_DEBUG_SUBSYS"] == "INIT"  # the config wins over the worker's default
+    assert env["OMP_NUM_THREADS"] == "3"  # the run's threads win over the config's env
 
 
 def test_spool_reader_waits_for_the_rest_of_a_torn_line(tmp_path: Path) -> None:
     path = tmp_path / "rank0.jsonl"
-    whole = json.dumps({"type": "step", "step": 1}) + "\n"
-    path.write_text(whole + '{"type": "st')
+    first, second = step(1).model_dump_json(), step(2).model_dump_json()
+    path.write_text(first + "\n" + second[:20])
     reader = SpoolReader(tmp_path)
-    assert reader.read() == [{"type": "step", "step": 1}]
+    assert reader.read() == [step(1)]
     with path.open("a") as f:
-        f.write('ep", "step": 2}\n')
-    assert reader.read() == [{"type": "step", "step": 2}]
+        f.write(second[20:] + "\n")
+    assert reader.read() == [step(2)]
     assert reader.read() == []
+
+
+def test_spool_reader_refuses_a_line_that_is_no_record(tmp_path: Path) -> None:
+    (tmp_path / "rank0.jsonl").write_text('{"type": "step", "step": 1}\n')
+    with pytest.raises(ValueError, match="model_digest"):
+        SpoolReader(tmp_path).read()
+
+
+# ---- the launcher, on a stand-in rank program ------------------------------------------------------
+
+FAKE_RANK = """
+import os, sys, time
+from pathlib import Path
+from detlab.core.wire import RankSpec, StepRecord
+spec = RankSpec.model_validate_json(Path(sys.argv[1]).read_text())
+rank = int(os.environ["RANK"])
+behaviour = os.environ["FAKE"]
+with open(Path(spec.spool_dir) / f"rank{rank}.jsonl", "a") as f:
+    f.write(StepRecord(step=0, rank=rank, fp_version="fp1", model_digest="fp1:" + "0" * 32, digests="",
+                       loss_bits="", step_time_s=0.0).model_dump_json() + "\\n")
+    f.flush()
+    if behaviour == "crash" and rank == 1:
+        print("rank 1 says goodbye", flush=True)
+        sys.exit(3)
+    if behaviour == "hang":
+        time.sleep(60)
+"""
+
+
+@pytest.fixture
+def fake_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A rank program that spools one step record, then exits 0, crashes (rank 1) or hangs, per $FAKE."""
+    pkg = tmp_path / "fakeranks"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rank.py").write_text(FAKE_RANK)
+    monkeypatch.setitem(launch.RANK_PROGRAMS, "train", "fakeranks.rank")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    return folder
+
+
+def rank_spec(world: int) -> RankSpec:
+    return RankSpec(kind="train", workload="mlp", world_size=world, steps=1)
+
+
+def env_for(behaviour: str, fake_root: Path) -> Any:
+    path = os.pathsep.join(p for p in (str(fake_root), os.environ.get("PYTHONPATH")) if p)
+    return lambda rank: {**os.environ, "FAKE": behaviour, "PYTHONPATH": path}
+
+
+def test_launcher_hands_on_every_rank_record_when_all_exit_0(fake_rank: Path) -> None:
+    got: list[Any] = []
+    launch_ranks(rank_spec(3), fake_rank, env=env_for("ok", fake_rank.parent), on_records=got.extend, poll_s=0.05)
+    assert sorted(r.rank for r in got) == [0, 1, 2]
+
+
+def test_launcher_fails_with_the_crashed_ranks_output_and_keeps_what_was_spooled(fake_rank: Path) -> None:
+    got: list[Any] = []
+    with pytest.raises(RankFailed, match=r"rank 1 exited with code 3(.|\n)*rank 1 says goodbye"):
+        launch_ranks(rank_spec(2), fake_rank, env=env_for("crash", fake_rank.parent), on_records=got.extend,
+                     poll_s=0.05)
+    assert 1 in {r.rank for r in got}
+
+
+def test_launcher_kills_ranks_that_make_no_progress(fake_rank: Path) -> None:
+    got: list[Any] = []
+    with pytest.raises(RanksTimedOut, match="no progress from any rank for 4 s"):
+        launch_ranks(rank_spec(2), fake_rank, env=env_for("hang", fake_rank.parent), on_records=got.extend,
+                     hang_timeout_s=4.0, poll_s=0.05)
+    assert len(got) == 2  # the records written before the hang were handed on
+
+
+def test_launcher_refuses_a_bad_environment_before_starting_any_rank(fake_rank: Path) -> None:
+    spec = run_spec(LD_PRELOAD="/tmp/x.so")
+    with pytest.raises(ValueError, match="LD_PRELOAD"):
+        launch_ranks(RankSpec.for_run(spec), fake_rank, env=lambda rank: child_env(spec, rank, fake_rank),
+                     on_records=lambda records: None)
+    assert list(fake_rank.glob("rank*.stderr")) == []
+
+
+# ---- the runner against a stub ingest client --------------------------------------------------------
+
+class StubClient:
+    def __init__(self, reply: RunSpec | Exception) -> None:
+        self.reply, self.finished, self.batches = reply, [], []  # type: ignore[var-annotated]
+
+    def claim(self, run_id: int, worker: str) -> RunSpec:
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return self.reply
+
+    def records(self, run_id: int, attempt: int, records: list[Any]) -> None:
+        self.batches.append(records)
+
+    def comm_log(self, *args: Any) -> None:
+        pass
+
+    def finish(self, run_id: int, attempt: int, status: str, error: str | None = None) -> None:
+        self.finished.append((attempt, status, error))
+
+
+def test_a_run_whose_env_is_refused_fails_with_the_reason(tmp_path: Path) -> None:
+    client = StubClient(run_spec(LD_PRELOAD="/tmp/x.so"))
+    assert runner.execute(1, client=client, worker="w") == "failed"  # type: ignore[arg-type]
+    [(attempt, status, error)] = client.finished
+    assert (attempt, status) == (1, "failed") and "LD_PRELOAD is not an allowed variable" in (error or "")
+
+
+def test_a_claim_reply_that_is_no_spec_fails_that_attempt() -> None:
+    client = StubClient(BadSpec("the claim reply is not a runnable spec: steps: Input should be ...", attempt=4))
+    assert runner.execute(1, client=client, worker="w") == "failed"  # type: ignore[arg-type]
+    assert client.finished == [(4, "failed", "worker error: the claim reply is not a runnable spec: "
+                                             "steps: Input should be ...")]

@@ -1,9 +1,10 @@
 """Tensor fingerprints, version fp1: 128-bit, order-independent digests of a tensor's logical bytes.
 
 `fingerprint_bytes` is the numpy reference; `fingerprint` / `fingerprint_many` pick the fastest
-implementation for the tensor's device and always agree with it. The algorithm, its guarantees and test
-vectors are in docs/fingerprint.md. torch is imported lazily: backend code can use the bytes reference,
-digest packing and `FP_VERSION` without it.
+implementation for the tensor's device and always agree with it. The algorithm, its guarantees, its threat
+model and test vectors are in docs/fingerprint.md. Tensors whose bytes are not their values (sparse,
+quantized, nested, meta, dispatch subclasses) are refused with `UnsupportedTensorError`. torch is imported
+lazily: backend code can use the bytes reference, digest packing and `FP_VERSION` without it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .reference import FP_VERSION, bytes_to_digest, digest_to_bytes, fingerprint_bytes
+from .reference import FP1_KEY, FP_VERSION, DigestKey, bytes_to_digest, digest_to_bytes, fingerprint_bytes
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "FP1_KEY",
     "FP_VERSION",
+    "DigestKey",
+    "UnsupportedTensorError",
     "bytes_to_digest",
     "certificate",
     "digest_to_bytes",
@@ -39,6 +43,10 @@ _TRITON_ENV = "DETLAB_FP_TRITON"
 _triton_ok: dict[int, bool] = {}
 # Host copies for `certificate` / `tensor_bytes` of GPU tensors go in slices of this size.
 _HOST_SLICE_BYTES = 64 << 20
+
+
+class UnsupportedTensorError(TypeError):
+    """A tensor whose bytes are not its values (or that has none); the message says what to hash instead."""
 
 
 def _as_device(device: Any) -> torch.device:
@@ -79,15 +87,24 @@ def implementation_name(device: Any) -> str:
     return "triton" if _triton_ready(dev) else f"torch-{dev.type}"
 
 
-def fingerprint(tensor: torch.Tensor) -> str:
-    """fp1 digest of a tensor's logical bytes (row-major, whatever its strides), e.g. 'fp1:<32 hex>'."""
-    return fingerprint_many([tensor])[0]
+def fingerprint(tensor: torch.Tensor, *, key: DigestKey = FP1_KEY) -> str:
+    """fp1 digest of a tensor's logical bytes (row-major, whatever its strides), e.g. 'fp1:<32 hex>'.
+
+    With `key` (e.g. `DigestKey.random()`), the keyed digest 'fp1-keyed:<32 hex>': comparable only with
+    digests under the same key. Raises UnsupportedTensorError for tensors whose bytes are not their values.
+    """
+    return fingerprint_many([tensor], key=key)[0]
 
 
-def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:
-    """fp1 digests of a list of tensors; CUDA tensors on one device share one Triton launch."""
+def fingerprint_many(tensors: Sequence[torch.Tensor], *, key: DigestKey = FP1_KEY) -> list[str]:
+    """fp1 (or keyed) digests of a list of tensors; for fp1, CUDA tensors on one device share one Triton launch.
+
+    Keyed digests always run on the torch implementation (the Triton kernel has fp1's constants built in).
+    """
     from .torch_impl import fingerprint_torch
 
+    if key != FP1_KEY:
+        return [fingerprint_torch(t, key=key) for t in tensors]
     devices = {t.device for t in tensors}
     if len(devices) == 1 and _triton_ready(next(iter(devices))):
         # The common case (a model's parameters): one launch for the list as given, no regrouping by index.

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .reference import FP_VERSION, LEN_KEY, MASK64, MIX0, MIX1, POS_MUL, WORD_BYTES, fingerprint_bytes
-from .torch_impl import byte_view
+from .torch_impl import byte_view, check_supported
 
 # Tensors are read in place only from 16-byte aligned addresses, so the kernel may use 128-bit loads.
 ALIGN = 16
@@ -194,6 +194,7 @@ def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG) -> Plan
     """Lay tensors out as tiles and upload the launch table (the host side of a launch)."""
     addrs, nbytes, copies = [], [], []
     for t in tensors:
+        check_supported(t)  # e.g. a quantized tensor is strided and contiguous, but its bytes are not its values
         if not _readable_in_place(t):
             t = byte_view(t)  # row-major bytes, materialised conj/neg
             if t.data_ptr() % ALIGN:

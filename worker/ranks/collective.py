@@ -1,11 +1,9 @@
 """One rank of a `collective` run: timed, fingerprinted collectives on seeded inputs, checked against float64.
 
 Launched like detlab.worker.ranks.train (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*):
-`python -m detlab.worker.ranks.collective SPEC.json`.
-gloo on CPU, nccl on CUDA (one process per GPU). Spec keys, top level or under `collective` (as the
-ingest API's claim sends them): ops, dtypes, sizes (or min_bytes/max_bytes/step_factor), trials,
-warmup, seed, spool_dir, device, threads, torch, ref_max_elems; run_id/attempt are not needed here.
-What `bytes` means per op is in detlab.core.collective.
+`python -m detlab.worker.ranks.collective SPEC.json`, SPEC a RankSpec (detlab.core.wire) whose
+`collective` says what to measure (ops, dtypes, sizes, trials, warmup).
+gloo on CPU, nccl on CUDA (one process per GPU). What `bytes` means per op is in detlab.core.collective.
 
 Inputs: element i of rank r is a counter-based hash of (seed, r, i) turned into ±(1 + m/2^23)·2^e with
 e from three bands (2^7..2^10, 2^-2..2^1, 2^-9..2^-6) and both signs, so big terms cancel and small
@@ -15,14 +13,13 @@ hides reduction-order effects). The same values come from numpy (`input_values_n
 lays its input out interleaved (block b, offset j holds element j·W + b) so a rank's leading output
 elements are the same logical elements at every size.
 
-Spool records: one `env`, then per (op, dtype, bytes, trial) a `trial` record (see `_trial_record`).
+Spool records: one `env`, then per (op, dtype, bytes, trial) a `trial` record (TrialRecord).
 Errors are null when an output has more than `ref_max_elems` elements (default 2^22): the reference
 needs every rank's inputs regenerated on the host, which does not scale to GiB messages.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -34,21 +31,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from detlab.core.collective import DTYPE_BYTES, OPS, op_geometry
+from detlab.core.collective import DTYPE_BYTES, op_geometry
+from detlab.core.wire import RankSpec, TrialRecord
 from detlab.worker import fingerprint as fp
-from detlab.worker.ranks.train import Spool, apply_torch_flags, pick_device, rank_env
+from detlab.worker.ranks.train import Spool, apply_torch_flags, env_record, pick_device
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PRECISION = {"float32": 24, "bfloat16": 8, "float16": 11}  # significand bits
 MIN_EXP = {"float32": -125, "bfloat16": -125, "float16": -13}  # frexp exponent of the smallest normal
-REF_MAX_ELEMS = 1 << 22
 GEN_CHUNK = 1 << 22
 M32 = 0xFFFFFFFF
 EXP_BANDS = (7, 7, -2, -9)  # by 2 hash bits: half the values large, a quarter medium, a quarter small
 # torch 2.13 renamed the tensor variants (*_single); older releases only have the old names.
 _GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-SPEC_KEYS = ("ops", "dtypes", "sizes", "min_bytes", "max_bytes", "step_factor", "trials", "warmup", "ref_max_elems")
 
 
 # ---- inputs: the same bits from numpy int64 and torch int64 (no uint64 arithmetic in torch) -------------
@@ -242,67 +238,50 @@ def _native_support(backend: str) -> dict[str, bool]:
 
 # ---- the rank program ------------------------------------------------------------------------------
 
-def params(spec: dict[str, Any]) -> dict[str, Any]:
-    """The collective parameters of a spec, validated; raises ValueError saying what is wrong."""
-    p = {**(spec.get("collective") or {}), **{k: spec[k] for k in SPEC_KEYS if k in spec}}
-    if not p.get("sizes"):
-        lo, hi, f = int(p.get("min_bytes", 4096)), int(p.get("max_bytes", 1 << 20)), int(p.get("step_factor", 4))
-        if f < 2 or lo < 1 or lo > hi:
-            raise ValueError(f"sizes: need 1 <= min_bytes <= max_bytes and step_factor >= 2, got {lo}, {hi}, {f}")
-        p["sizes"] = [lo * f**k for k in range(64) if lo * f**k <= hi]
-    p["sizes"] = sorted(int(s) for s in p["sizes"])
-    bad = [o for o in p.get("ops", []) if o not in OPS] + [d for d in p.get("dtypes", []) if d not in DTYPE_BYTES]
-    if bad or not p.get("ops") or not p.get("dtypes"):
-        raise ValueError(f"ops must be a non-empty subset of {list(OPS)} and dtypes of {list(DTYPE_BYTES)}; "
-                         f"got ops={p.get('ops')} dtypes={p.get('dtypes')}")
-    if p["sizes"][0] < 4 or int(p.get("trials", 1)) < 1:
-        raise ValueError("sizes must be >= 4 bytes and trials >= 1")
-    return {"ops": list(p["ops"]), "dtypes": list(p["dtypes"]), "sizes": p["sizes"], "trials": int(p.get("trials", 5)),
-            "warmup": int(p.get("warmup", 2)), "ref_max_elems": int(p.get("ref_max_elems", REF_MAX_ELEMS))}
-
-
 def _trial_record(cell: Cell, dtype: str, nbytes: int, geo: dict[str, int], trial: int, seconds: float,
-                  digests: list[str], errors: tuple[float | None, float | None, float | None]) -> dict[str, Any]:
-    return {"type": "trial", "op": cell.op, "dtype": dtype, "bytes": nbytes, "count": geo["count"],
-            "op_bytes": geo["op_bytes"], "world_size": cell.world, "trial": trial, "rank": cell.rank,
-            "digest": digests[0], "prefix_digest": digests[1], "fp_version": fp.FP_VERSION, "time_s": seconds,
-            "err_max_abs": errors[0], "err_max_ulp": errors[1], "frac_diff": errors[2], "impl": cell.impl}
+                  digests: list[str], errors: tuple[float | None, float | None, float | None]) -> TrialRecord:
+    return TrialRecord.model_validate({
+        "op": cell.op, "dtype": dtype, "bytes": nbytes, "count": geo["count"], "op_bytes": geo["op_bytes"],
+        "world_size": cell.world, "trial": trial, "rank": cell.rank, "digest": digests[0],
+        "prefix_digest": digests[1], "fp_version": fp.FP_VERSION, "time_s": seconds, "err_max_abs": errors[0],
+        "err_max_ulp": errors[1], "frac_diff": errors[2], "impl": cell.impl})
 
 
-def run(spec: dict[str, Any], *, finalize: bool = True) -> list[dict[str, Any]]:
+def run(spec: RankSpec, *, finalize: bool = True) -> list[TrialRecord]:
     """Run every (op, dtype, size) cell on this rank; appends to the spool and returns the trial records."""
-    p = params(spec)
+    p = spec.collective
+    if p is None:
+        raise ValueError("a collective rank needs `collective` in its spec")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))
-    if spec.get("torch"):
-        apply_torch_flags(spec["torch"])
-    seed = int(spec.get("seed", 0))
-    device = pick_device(spec.get("device", "auto"), int(os.environ.get("LOCAL_RANK", rank)))
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    if spec.torch:
+        apply_torch_flags(spec.torch)
+    seed = spec.seed
+    device = pick_device(spec.device, int(os.environ.get("LOCAL_RANK", rank)))
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         if device.type == "cuda":  # device_id: NCCL binds this GPU now and barrier() knows it
             dist.init_process_group(backend, rank=rank, world_size=world, device_id=device)
         else:
             dist.init_process_group(backend, rank=rank, world_size=world)
-    spool = Spool(Path(spec["spool_dir"]) / f"rank{rank}.jsonl") if spec.get("spool_dir") else None
-    env = {"type": "env", "rank": rank, "fingerprint_impl": fp.implementation_name(device), **rank_env(device, backend)}
+    spool = Spool(Path(spec.spool_dir) / f"rank{rank}.jsonl") if spec.spool_dir else None
     if spool:
-        spool.write(env)
+        spool.write(env_record(rank, device, backend))
     native, records = _native_support(backend), []
-    for dtype in p["dtypes"]:
-        prefix_elems = p["sizes"][0] // DTYPE_BYTES[dtype]
-        base = input_tensor(seed, rank, p["sizes"][-1] // DTYPE_BYTES[dtype], dtype, device)
-        for op in p["ops"]:
-            for nbytes in p["sizes"]:
+    for dtype in p.dtypes:
+        prefix_elems = p.sizes[0] // DTYPE_BYTES[dtype]
+        base = input_tensor(seed, rank, p.sizes[-1] // DTYPE_BYTES[dtype], dtype, device)
+        for op in p.ops:
+            for nbytes in p.sizes:
                 geo = op_geometry(op, nbytes, dtype, world)
                 cell = Cell(op, base, geo, world, rank, native, prefix_elems)
-                for _ in range(p["warmup"]):
+                for _ in range(p.warmup):
                     cell.trial(device)
                 ref = (reference(op, seed, world, rank, dtype, geo["count"])
-                       if cell.out.numel() <= p["ref_max_elems"] else None)
+                       if cell.out.numel() <= spec.ref_max_elems else None)
                 seen: dict[str, tuple[float | None, float | None, float | None]] = {}
-                for t in range(p["trials"]):
+                for t in range(p.trials):
                     seconds = cell.trial(device)
                     digests = fp.fingerprint_many([cell.out, cell.prefix])
                     if digests[0] not in seen:  # same bits, same errors
@@ -320,7 +299,7 @@ def run(spec: dict[str, Any], *, finalize: bool = True) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    run(json.loads(Path(sys.argv[1]).read_text()))
+    run(RankSpec.model_validate_json(Path(sys.argv[1]).read_text()))
 
 
 if __name__ == "__main__":

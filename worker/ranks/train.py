@@ -1,15 +1,15 @@
 """One rank of a `train` run, launched torchrun-style (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*).
 
-Trains the workload under DDP and appends one JSON line per fact to its spool file:
-`env` (RankEnv), `tensors` (index -> name, shape, dtype), `step` (digests, loss bits, step time).
+Trains the workload under DDP and appends one `Record` line (detlab.core.wire) per fact to its spool
+file: `env` (its stack), `tensors` (index -> name, shape, dtype), `step` (digests, loss bits, step time).
 The worker streams the spool to the ingest API, so whatever a crashed rank wrote is kept.
 
-Usage: python -m detlab.worker.ranks.train SPEC.json
+Usage: python -m detlab.worker.ranks.train SPEC.json  (a RankSpec)
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import platform
 import random
@@ -17,42 +17,45 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from detlab.core.configs import ENV_PREFIXES, ENV_VALIDATORS
+from detlab.core.configs import ENV_PREFIXES, ENV_VALIDATORS, TorchFlags
+from detlab.core.train import recorded_steps
+from detlab.core.wire import EnvRecord, RankSpec, Record, StepRecord, TensorInfo, TensorsRecord, TorchFacts
 from detlab.worker import fingerprint as fp
 from detlab.worker.workloads import registry
 
 
-def apply_torch_flags(flags: dict[str, bool]) -> None:
-    torch.use_deterministic_algorithms(flags["deterministic_algorithms"])
-    torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]
-    torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
-    torch.backends.cuda.matmul.allow_tf32 = flags["allow_tf32"]
-    torch.backends.cudnn.allow_tf32 = flags["allow_tf32"]
+def apply_torch_flags(flags: TorchFlags) -> None:
+    torch.use_deterministic_algorithms(flags.deterministic_algorithms)
+    torch.backends.cudnn.deterministic = flags.cudnn_deterministic
+    torch.backends.cudnn.benchmark = flags.cudnn_benchmark
+    torch.backends.cuda.matmul.allow_tf32 = flags.allow_tf32
+    torch.backends.cudnn.allow_tf32 = flags.allow_tf32
 
 
-def effective_torch_flags() -> dict[str, Any]:
+def effective_torch_flags() -> TorchFacts:
     """What torch reports at run time, to set beside what the config requested."""
-    return {
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "allow_tf32": torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32,
-        "num_threads": torch.get_num_threads(),
-    }
+    return TorchFacts(
+        deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
+        cudnn_deterministic=torch.backends.cudnn.deterministic,
+        cudnn_benchmark=torch.backends.cudnn.benchmark,
+        allow_tf32=torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32,
+        num_threads=torch.get_num_threads(),
+    )
 
 
 def effective_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in ENV_VALIDATORS or k.startswith(ENV_PREFIXES)}
 
 
-def rank_env(device: torch.device, backend: str) -> dict[str, Any]:
+def env_record(rank: int, device: torch.device, backend: str) -> EnvRecord:
+    """This rank's stack: host, device, driver and library versions, environment and torch flags in effect."""
     cuda = device.type == "cuda"
     nccl = None
     if cuda and hasattr(torch.cuda, "nccl"):
@@ -68,18 +71,20 @@ def rank_env(device: torch.device, backend: str) -> dict[str, Any]:
             driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
         except (OSError, subprocess.SubprocessError):
             driver = None
-    return {
-        "host": platform.node(),
-        "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.processor() or platform.machine()})",
-        "driver": driver,
-        "cuda": torch.version.cuda if cuda else None,
-        "hip": getattr(torch.version, "hip", None),
-        "torch": torch.__version__,
-        "nccl": nccl,
-        "backend": backend,
-        "effective_env": effective_env(),
-        "torch_flags": effective_torch_flags(),
-    }
+    return EnvRecord(
+        rank=rank,
+        host=platform.node(),
+        device=torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.processor() or platform.machine()})",
+        driver=driver,
+        cuda=torch.version.cuda if cuda else None,
+        hip=getattr(torch.version, "hip", None),
+        torch=torch.__version__,
+        nccl=nccl,
+        backend=backend,
+        fingerprint_impl=fp.implementation_name(device),
+        effective_env=effective_env(),
+        torch_flags=effective_torch_flags(),
+    )
 
 
 def loss_bits(loss: torch.Tensor) -> str:
@@ -101,11 +106,13 @@ def flip_bit(model: torch.nn.Module, tensor_name: str) -> None:
 
 
 class Spool:
+    """A rank's spool file: one Record as JSON per line, flushed as written."""
+
     def __init__(self, path: Path) -> None:
         self._f: TextIO = path.open("a", buffering=1)
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+    def write(self, record: Record) -> None:
+        self._f.write(record.model_dump_json() + "\n")
         self._f.flush()
 
 
@@ -118,35 +125,38 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def train(spec: dict[str, Any]) -> None:
+def train(spec: RankSpec) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    if spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))
-    apply_torch_flags(spec["torch"])
-    seed = int(spec["seed"])
+    if spec.spool_dir is None:
+        raise ValueError("a train rank needs spool_dir in its spec")
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    if spec.torch:
+        apply_torch_flags(spec.torch)
+    seed = spec.seed
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    device = pick_device(spec.get("device", "auto"), local_rank)
+    device = pick_device(spec.device, local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    spool = Spool(Path(spec["spool_dir"]) / f"rank{rank}.jsonl")
+    spool = Spool(Path(spec.spool_dir) / f"rank{rank}.jsonl")
     dist.init_process_group(backend, rank=rank, world_size=world)
-    workload = registry()[spec["workload"]]()
+    workload = registry()[spec.workload]()
     if workload.global_batch % world:
         raise ValueError(f"global batch {workload.global_batch} of {workload.name} does not split over {world} ranks")
     model = workload.build().to(device)
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     named = list(model.named_parameters())
-    spool.write({"type": "env", "rank": rank, "fingerprint_impl": fp.implementation_name(device),
-                 **rank_env(device, backend)})
+    spool.write(env_record(rank, device, backend))
     if rank == 0:
-        spool.write({"type": "tensors", "tensors": [
-            {"index": i, "name": n, "shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch.")}
-            for i, (n, p) in enumerate(named)]})
-    inject = spec.get("inject_bitflip") or {}
-    interval, steps = int(spec.get("fingerprint_interval", 1)), int(spec["steps"])
+        spool.write(TensorsRecord(tensors=[
+            TensorInfo(index=i, name=n, shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."))
+            for i, (n, p) in enumerate(named)]))
+    inject = spec.inject_bitflip
+    steps = spec.steps
+    fingerprinted = set(recorded_steps(steps, spec.fingerprint_interval))  # as the comparison expects
     share = workload.global_batch // world
 
     params = [p for _, p in named]  # one list, the same every step: the fingerprint's launch plan is kept
@@ -154,10 +164,13 @@ def train(spec: dict[str, Any]) -> None:
     def record(step: int, loss: torch.Tensor | None, seconds: float) -> None:
         digests = fp.fingerprint_many(params)
         packed = b"".join(fp.digest_to_bytes(d) for d in digests)
-        spool.write({"type": "step", "step": step, "rank": rank, "fp_version": fp.FP_VERSION,
-                     "model_digest": fp.fingerprint_bytes(packed), "digests": packed.hex(),
-                     "loss_bits": loss_bits(loss) if loss is not None else "",
-                     "loss": float(loss.item()) if loss is not None else None, "step_time_s": seconds})
+        value = float(loss.item()) if loss is not None else None
+        spool.write(StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION,
+                               model_digest=fp.fingerprint_bytes(packed), digests=packed.hex(),
+                               loss_bits=loss_bits(loss) if loss is not None else "",
+                               # a loss that blew up is kept in its bits; the number column takes finite ones
+                               loss=value if value is not None and math.isfinite(value) else None,
+                               step_time_s=seconds))
 
     record(0, None, 0.0)
     for step in range(1, steps + 1):
@@ -176,17 +189,16 @@ def train(spec: dict[str, Any]) -> None:
             seconds = start.elapsed_time(end) / 1e3
         else:
             seconds = time.perf_counter() - t0
-        if inject and int(inject["step"]) == step and int(inject.get("rank", 0)) == rank:
-            flip_bit(model, str(inject["tensor"]))
-        if step % interval == 0 or step == steps:
+        if inject and inject.step == step and inject.rank == rank:
+            flip_bit(model, inject.tensor)
+        if step in fingerprinted:
             record(step, loss, seconds)
     dist.barrier()
     dist.destroy_process_group()
 
 
 def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    train(spec)
+    train(RankSpec.model_validate_json(Path(sys.argv[1]).read_text()))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,290 @@
+"""The wire contract: every message that crosses a process boundary between server, worker and ranks.
+
+- server -> worker: the claim reply, `RunSpec` (what one attempt of a run executes);
+- worker -> ranks: `RankSpec`, written by the launcher as JSON, read with `RankSpec.model_validate_json`;
+- ranks -> worker: one `Record` per spool line (`env`, `tensors`, `step`, `trial`), `model_dump_json()`;
+- worker -> server: the ingest bodies (`Claim`, `RecordsBatch`, `CommLogUpload`, `Finish`, `Heartbeat`)
+  and their replies.
+
+Bounds fit the database columns, so a bad value is refused at the edge (a 422 naming the field) rather
+than at the insert (a 500); floats that are stored must be finite. Pure pydantic, no server, no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
+from detlab.core.configs import TorchFlags
+from detlab.core.workloads import WorkloadInfo
+
+INT32 = 2**31 - 1  # an Integer column
+INT64 = 2**63 - 1  # a BigInteger column
+MAX_WORLD_SIZE = 1024  # as ConfigBody.world_size
+MAX_RECORDS = 10_000  # per ingest batch
+MAX_ERROR_CHARS = 20_000  # a run's error text
+REF_MAX_ELEMS = 1 << 22  # the float64 reference of a collective is skipped above this many output elements
+
+Id = Annotated[int, Field(ge=1, le=INT32)]
+Attempt = Annotated[int, Field(ge=1, le=INT32)]
+Index = Annotated[int, Field(ge=0, le=INT32)]
+Rank = Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]
+WorldSize = Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]
+Bytes = Annotated[int, Field(ge=0, le=INT64)]
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Str16 = Annotated[str, Field(max_length=16)]
+Str32 = Annotated[str, Field(max_length=32)]
+Str64 = Annotated[str, Field(max_length=64)]
+Str255 = Annotated[str, Field(max_length=255)]
+# Worker.name is 255 long but a claim stores the name in Run.node (128): one bound for both.
+WorkerName = Annotated[str, Field(min_length=1, max_length=128)]
+WorkloadName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+EnvName = Annotated[str, Field(min_length=1, max_length=128)]
+EnvValue = Annotated[str, Field(max_length=4096)]
+# fingerprint digests: "fp1:" and 32 lowercase hex (String(48) columns); packed: 32 hex per tensor
+FpVersion = Annotated[str, Field(pattern=r"^fp[0-9]{1,6}$")]
+Digest = Annotated[str, Field(pattern=r"^fp[0-9]{1,6}:[0-9a-f]{32}$")]
+PackedDigests = Annotated[str, Field(max_length=32 << 16, pattern=r"^(?:[0-9a-f]{32})*$")]
+LossBits = Annotated[str, Field(pattern=r"^(?:[0-9a-f]{8}){0,2}$")]  # float32 bits; "" before the first step
+
+
+class Wire(BaseModel):
+    """Base of every wire model: unknown keys are refused, so a misspelt field is an error, not a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def explain(exc: ValidationError, root: str = "value") -> str:
+    """A validation error as one line a user can act on: `field.path: what was wrong; ...`."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or root}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in exc.errors())
+
+
+# ---- what a run executes ---------------------------------------------------------------------------
+
+class BitFlip(Wire):
+    """Fault injection: flip one bit of one tensor on one rank after a step (to validate detection)."""
+
+    step: int = Field(ge=1, le=INT32)
+    tensor: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.]+$")
+    rank: Rank = 0
+
+
+class CollectiveSpec(Wire):
+    """What a `collective` run measures, as its ranks take it: ops × dtypes × sizes (bytes), `trials`
+    timed and fingerprinted calls per cell after `warmup` untimed ones."""
+
+    ops: list[CollectiveOp] = Field(min_length=1, max_length=len(OPS))
+    dtypes: list[CollectiveDtype] = Field(min_length=1, max_length=len(DTYPES))
+    sizes: list[Annotated[int, Field(ge=4, le=1 << 40)]] = Field(min_length=1, max_length=64)
+    trials: int = Field(default=5, ge=1, le=1000)
+    warmup: int = Field(default=2, ge=0, le=100)
+
+    @field_validator("sizes")
+    @classmethod
+    def _ascending(cls, sizes: list[int]) -> list[int]:
+        return sorted(set(sizes))  # ranks build inputs for the largest and prefixes from the smallest
+
+    def cells(self) -> int:
+        """How many (op, dtype, size) cells: a collective run's steps."""
+        return len(self.ops) * len(self.dtypes) * len(self.sizes)
+
+
+class RunPlan(Wire):
+    """What one run executes, whoever launches it: the knobs of its config and of its job."""
+
+    kind: Literal["train", "collective"]
+    workload: WorkloadName
+    world_size: WorldSize
+    steps: int = Field(ge=1, le=INT32)
+    seed: int = Field(default=0, ge=0, lt=2**32)
+    threads: int | None = Field(default=None, ge=1, le=256)
+    # Only bounded here: the worker checks names and values against the allow-list before launching.
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=64)
+    torch: TorchFlags | None = None  # None leaves torch's own defaults (verify-collective)
+    fingerprint_interval: int = Field(default=1, ge=1, le=INT32)
+    inject_bitflip: BitFlip | None = None
+    collective: CollectiveSpec | None = None
+
+    @model_validator(mode="after")
+    def _collective_iff_kind(self) -> RunPlan:
+        if self.kind == "collective" and self.collective is None:
+            raise ValueError("a collective run needs `collective` (ops, dtypes, sizes, trials, warmup)")
+        if self.kind == "train" and self.collective is not None:
+            raise ValueError("a train run takes no `collective` parameters")
+        return self
+
+
+class RunSpec(RunPlan):
+    """The claim reply: one attempt of one run, as the server hands it to a worker."""
+
+    run_id: Id
+    attempt: Attempt
+
+
+class RankSpec(RunPlan):
+    """What every rank program reads (spec.json): the run's plan plus what the launcher adds."""
+
+    spool_dir: str | None = Field(default=None, max_length=4096)  # None: records are only returned
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    ref_max_elems: int = Field(default=REF_MAX_ELEMS, ge=0, le=INT64)
+
+    @classmethod
+    def for_run(cls, spec: RunSpec, *, device: Literal["auto", "cpu", "cuda"] = "auto") -> RankSpec:
+        """The ranks' spec of a claimed run (run id and attempt stay with the worker)."""
+        return cls.model_validate({**spec.model_dump(exclude={"run_id", "attempt"}), "device": device})
+
+
+# ---- what ranks spool ------------------------------------------------------------------------------
+
+class TorchFacts(Wire):
+    """The torch flags in effect on a rank, to set beside what the config asked for."""
+
+    deterministic_algorithms: bool
+    cudnn_deterministic: bool
+    cudnn_benchmark: bool
+    allow_tf32: bool
+    num_threads: int = Field(ge=1, le=INT32)
+
+
+class EnvRecord(Wire):
+    """A rank's stack: host, device, driver and library versions, environment and torch flags in effect."""
+
+    type: Literal["env"] = "env"
+    rank: Rank
+    host: Str255 | None = None
+    device: Str255 | None = None
+    driver: Str64 | None = None
+    cuda: Str32 | None = None
+    hip: Str32 | None = None
+    torch: Str64 | None = None
+    nccl: Str32 | None = None
+    backend: Str16 | None = None
+    fingerprint_impl: Str32 | None = None
+    effective_env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=512)
+    torch_flags: TorchFacts | None = None
+
+
+class TensorInfo(Wire):
+    index: Index
+    name: Annotated[str, Field(min_length=1, max_length=255)]
+    shape: list[Bytes] = Field(max_length=32)
+    dtype: Annotated[str, Field(min_length=1, max_length=32)]
+
+
+class TensorsRecord(Wire):
+    """Rank 0's parameter list: the order of the digests in every `step` record."""
+
+    type: Literal["tensors"] = "tensors"
+    tensors: list[TensorInfo] = Field(max_length=1 << 16)
+
+
+class StepRecord(Wire):
+    """One rank's state after one step: the model's digest, one digest per tensor, the loss's bits."""
+
+    type: Literal["step"] = "step"
+    step: Index
+    rank: Rank
+    fp_version: FpVersion
+    model_digest: Digest
+    digests: PackedDigests
+    loss_bits: LossBits
+    loss: FiniteFloat | None = None  # None before the first step, or when the loss is not finite (bits keep it)
+    step_time_s: Seconds
+
+
+class TrialRecord(Wire):
+    """One timed collective call on one rank: output digest, time, error against the float64 reference."""
+
+    type: Literal["trial"] = "trial"
+    op: CollectiveOp
+    dtype: CollectiveDtype
+    bytes: Bytes
+    count: Bytes
+    op_bytes: Bytes
+    world_size: WorldSize
+    trial: Index
+    rank: Rank
+    digest: Digest
+    prefix_digest: Digest | None = None
+    fp_version: FpVersion
+    time_s: Seconds
+    err_max_abs: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    err_max_ulp: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    frac_diff: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    impl: Str32 | None = None
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> TrialRecord:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+        return self
+
+
+Record = Annotated[EnvRecord | TensorsRecord | StepRecord | TrialRecord, Field(discriminator="type")]
+RECORD: TypeAdapter[EnvRecord | TensorsRecord | StepRecord | TrialRecord] = TypeAdapter(Record)
+
+
+# ---- ingest bodies and replies -----------------------------------------------------------------------
+
+class Claim(Wire):
+    worker: WorkerName
+
+
+class RecordsBatch(Wire):
+    attempt: Attempt
+    records: list[Record] = Field(max_length=MAX_RECORDS)
+
+
+class RecordsAccepted(Wire):
+    accepted: int
+
+
+class CommLogUpload(Wire):
+    """One process's NCCL/RCCL debug log, zlib-compressed and base64-encoded (head and tail when cut)."""
+
+    attempt: Attempt
+    rank: Rank
+    zlib_b64: str = Field(max_length=8 << 20)
+    raw_bytes: Bytes
+    truncated: bool = False
+
+
+class CommLogStored(Wire):
+    """What the server read from a log: the library and its version (None when it found none)."""
+
+    version: str | None
+    library: str | None
+
+
+class Finish(Wire):
+    attempt: Attempt
+    status: Literal["succeeded", "failed"]
+    error: str | None = Field(default=None, max_length=MAX_ERROR_CHARS)
+
+
+class RunStatus(Wire):
+    status: str
+
+
+class WorkerInfo(Wire):
+    """What a worker offers, sent with every heartbeat (the server need not have its workloads installed)."""
+
+    workloads: list[WorkloadInfo] = Field(default_factory=list, max_length=256)
+
+
+class Heartbeat(Wire):
+    """A worker is alive; `run_id`/`attempt` name the run it is executing, if any."""
+
+    worker: WorkerName
+    queue: str = Field(min_length=1, max_length=64)
+    run_id: Id | None = None
+    attempt: Attempt | None = None
+    info: WorkerInfo = Field(default_factory=WorkerInfo)
+
+
+class HeartbeatAck(Wire):
+    ok: bool

@@ -1,0 +1,179 @@
+// Job page for a train comparison: where runs A and B first diverge (step, tensors, ranks), how
+// their configs and environments differ, what each costs in throughput, and how repeatable each is.
+// All data goes into the page through textContent (never innerHTML).
+"use strict";
+
+(function () {
+  const { API, $, el, getJSON, setRows, pct, configLabel } = window.detlab;
+  const { register, showNoResult, jobConfigLabel, fetchResult, plot } = window.detlab.job;
+
+  function describe(job) {
+    const names = (job.configs || []).map((c, i) => jobConfigLabel(job, i)).join(" vs ");
+    return { facts: [names, `workload ${job.workload}`], extent: [`${job.steps} steps`] };
+  }
+
+  function formatValue(value) {
+    if (value === null || value === undefined) return el("span", { className: "muted", text: "unset" });
+    return typeof value === "string" ? value : JSON.stringify(value);
+  }
+
+  function renderFacts(cmp) {
+    const verdict = $("verdict");
+    verdict.textContent = cmp.verdict;
+    verdict.className = `badge badge-${cmp.verdict}`;
+
+    const notes = cmp.reason ? [cmp.reason] : [];
+    $("note").textContent = notes.join(" ");
+    $("note").hidden = notes.length === 0;
+    $("note").classList.toggle("note-warn", cmp.verdict === "incomparable");
+
+    $("first-step").textContent = cmp.first_divergent_step ?? (cmp.verdict === "identical" ? "none" : "—");
+    $("steps-differing").textContent = `${cmp.steps_differing ?? 0} of ${cmp.steps_compared ?? 0}`;
+    $("runs-compared").textContent = `#${cmp.run_a} (A) vs #${cmp.run_b} (B)`;
+    $("mode").textContent = cmp.mode || "—";
+
+    const tensors = cmp.first_divergent_tensors || [];
+    $("divergence-block").hidden = tensors.length === 0;
+    const ranks = cmp.ranks || [];
+    $("divergent-ranks").textContent = cmp.mode === "rank-consensus"
+      ? `At step ${cmp.first_divergent_step}; rank-consensus comparison, so no per-rank breakdown.`
+      : `At step ${cmp.first_divergent_step}, on ${ranks.length === 1 ? "rank" : "ranks"} ${ranks.join(", ") || "—"}.`;
+    setRows(
+      $("divergent-tensors"),
+      tensors.map((name, i) => el("tr", {}, el("td", { className: "num idx", text: i + 1 }), el("td", {}, el("code", { text: name })))),
+      "No tensors differ.",
+      2
+    );
+  }
+
+  function renderConfigDiff(job, cmp) {
+    $("config-a-name").textContent = (job.configs || [])[0]?.name || "";
+    $("config-b-name").textContent = (job.configs || [])[1]?.name || "";
+    const rows = (cmp.config_diff || []).map((d) =>
+      el("tr", {}, el("td", {}, el("code", { text: d.key })), el("td", {}, formatValue(d.a)), el("td", {}, formatValue(d.b)))
+    );
+    setRows($("config-diff"), rows, "The two configs are identical.", 3);
+  }
+
+  // Lowest rank of each compared run; a differing fact (device, driver, torch, NCCL) is marked.
+  function renderEnvironment(cmp) {
+    const rows = (cmp.environment || []).map((f) =>
+      el("tr", { className: f.differs ? "differs" : "" },
+        el("td", { text: f.key }), el("td", { text: f.a ?? "—" }), el("td", { text: f.b ?? "—" })));
+    setRows($("environment"), rows, "No environment recorded.", 3);
+  }
+
+  function renderMismatches(job, cmp) {
+    const mismatches = cmp.effective_mismatches || [];
+    $("mismatches-block").hidden = mismatches.length === 0;
+    const runConfig = new Map((job.runs || []).map((r) => [r.id, r.config_index]));
+    $("mismatches").replaceChildren(
+      ...mismatches.map((m) => {
+        const side = runConfig.has(m.run_id) ? ` (${jobConfigLabel(job, runConfig.get(m.run_id))})` : "";
+        return el(
+          "li",
+          {},
+          el("code", { text: m.key }),
+          ` requested ${JSON.stringify(m.requested)}, effective ${JSON.stringify(m.effective)}`,
+          el("span", { className: "muted", text: ` · run #${m.run_id}${side}, rank ${m.rank}` })
+        );
+      })
+    );
+  }
+
+  function renderThroughput(jobId, cmp) {
+    const rows = cmp.throughput || [];
+    const fmt = (x, d = 1) => (typeof x === "number" && Number.isFinite(x) ? x.toFixed(d) : "—");
+    setRows(
+      $("throughput"),
+      rows.map((t) =>
+        el(
+          "tr",
+          {},
+          el("td", { text: configLabel("train", t.config_index, t.name) }),
+          el("td", { className: "num", text: fmt(t.samples_per_s) }),
+          el("td", { className: "num", text: t.spread ? `${fmt(t.spread[0], 0)}–${fmt(t.spread[1], 0)}` : "—" }),
+          el("td", { className: "num", text: `${fmt(t.step_time_ms_median)} ms` }),
+          el("td", { className: "num", text: t.runs ?? "" }),
+          // The server words the cost with its 95 % interval ("within noise" when it spans 0).
+          el("td", { className: `num ${t.cost > 0 && t.within_noise === false ? "cost" : ""}`, text: t.cost_text })
+        )
+      ),
+      "No throughput measured.",
+      6
+    );
+    drawThroughput(jobId, rows.filter((t) => typeof t.samples_per_s === "number"));
+  }
+
+  async function drawThroughput(jobId, rows) {
+    const target = $("throughput-chart");
+    if (rows.length === 0 || !window.Plotly) {
+      target.hidden = true;
+      return;
+    }
+    target.hidden = false;
+    try {
+      await plot(target, await getJSON(`${API}/jobs/${jobId}/throughput/figure`));
+    } catch (err) {
+      target.textContent = `The throughput chart could not be loaded: ${err.message}`;
+    }
+  }
+
+  // k of n over the repeats comparable with the first; incomplete or incomparable ones are named apart.
+  function reproText(r) {
+    const apart = [r.incomplete ? `${r.incomplete} incomplete` : "", r.incomparable ? `${r.incomparable} incomparable` : ""];
+    const extra = apart.filter(Boolean).join(", ");
+    return `${r.identical_to_first} of ${r.comparable ?? 0}` + (extra ? ` (${extra})` : "");
+  }
+
+  function renderReproducibility(cmp) {
+    const rows = (cmp.reproducibility || []).map((r) =>
+      el(
+        "tr",
+        {},
+        el("td", { text: configLabel("train", r.config_index, r.name) }),
+        el("td", { className: "num", text: r.recorded === r.repeats ? r.repeats : `${r.recorded} of ${r.repeats}` }),
+        el("td", { className: "num", text: reproText(r) }),
+        el("td", { className: `num ${r.rate < 1 ? "cost" : ""}`, text: typeof r.rate === "number" ? pct(r.rate, 0) : "—" })
+      )
+    );
+    setRows($("reproducibility"), rows, "No repeats to compare.", 4);
+  }
+
+  async function drawChart(jobId) {
+    const target = $("chart");
+    if (!window.Plotly) {
+      target.textContent = "The chart cannot be drawn: /static/plotly.min.js did not load.";
+      return;
+    }
+    try {
+      await plot(target, await getJSON(`${API}/jobs/${jobId}/comparison/figure`));
+    } catch (err) {
+      target.textContent = `The chart could not be loaded: ${err.message}`;
+    }
+  }
+
+  async function load(job) {
+    let cmp;
+    try {
+      cmp = await fetchResult(job, `${API}/jobs/${job.id}/comparison`);
+    } catch (err) {
+      showNoResult(err.status !== 404
+        ? `Could not load the comparison: ${err.message}`
+        : job.status === "failed"
+          ? "The job failed before two runs could be compared. See the run errors above."
+          : "There is nothing to compare for this job yet.");
+      return;
+    }
+    $("comparison").hidden = false;
+    renderFacts(cmp);
+    renderConfigDiff(job, cmp);
+    renderEnvironment(cmp);
+    renderMismatches(job, cmp);
+    renderThroughput(job.id, cmp);
+    renderReproducibility(cmp);
+    await drawChart(job.id);
+  }
+
+  register(["train"], { runsHead: "Steps", describe, load });
+})();

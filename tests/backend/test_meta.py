@@ -1,0 +1,28 @@
+"""GET /api/v1/meta: the lists and limits the pages build their forms from come from the core and settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from detlab.backend.services.jobs import MAX_SWEEP_CELLS
+from detlab.core.collective import DTYPE_BYTES, DTYPES, OPS
+from detlab.core.settings import Settings
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    # Limits unlike the defaults, so the test sees they are read from this server's settings.
+    return Settings(data_dir=tmp_path, max_world_size=3, max_steps=7, max_repeats=5)
+
+
+def test_meta_lists_the_cores_ops_and_dtypes_in_its_order(client: TestClient) -> None:
+    body = client.get("/api/v1/meta").json()
+    assert (body["ops"], body["dtypes"], body["dtype_bytes"]) == (list(OPS), list(DTYPES), DTYPE_BYTES)
+
+
+def test_meta_limits_are_this_servers_settings(client: TestClient) -> None:
+    limits = client.get("/api/v1/meta").json()["limits"]
+    assert limits == {"max_world_size": 3, "max_steps": 7, "max_repeats": 5, "max_sweep_cells": MAX_SWEEP_CELLS}

@@ -1,0 +1,139 @@
+"""The rank launcher: spawns W ranks of a rank program torchrun-style, watches them, reads their spools.
+
+Used by the worker's runner (one claimed run) and by `detlab verify-collective` (no server). Each
+rank is `python -m <program> spec.json` with torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE) on top of the environment its caller gives it, and appends
+`Record` lines to `rank<r>.jsonl` in the run's folder; its stdout and stderr go to `rank<r>.stderr`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from detlab.core.wire import RECORD, RankSpec, Record
+
+RANK_PROGRAMS = {"train": "detlab.worker.ranks.train", "collective": "detlab.worker.ranks.collective"}
+
+
+class RankFailed(RuntimeError):
+    """A rank exited non-zero, or the ranks were killed for making no progress or running too long."""
+
+
+class RanksTimedOut(RankFailed):
+    """The ranks were killed for making no progress or running too long."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """For Popen's preexec_fn: the child gets `sig` when its parent dies, however the parent died.
+
+    A SIGKILLed worker must not leave ranks training into a spool nobody reads."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, sig)  # PR_SET_PDEATHSIG
+
+
+def torchrun_env(base: dict[str, str], rank: int, world_size: int, port: int, threads: int | None) -> dict[str, str]:
+    """`base` with torchrun's variables for `rank` of `world_size` on this host (and OMP_NUM_THREADS)."""
+    env = {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+           "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+           "PYTHONUNBUFFERED": "1"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+@dataclass
+class SpoolReader:
+    """Reads complete new lines from the ranks' spool files (a torn last line waits for the rest)."""
+
+    folder: Path
+    offsets: dict[Path, int] = field(default_factory=dict)
+
+    def read(self) -> list[Record]:
+        out = []
+        for path in sorted(self.folder.glob("rank*.jsonl")):
+            with path.open("rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+            end = data.rfind(b"\n") + 1
+            self.offsets[path] = self.offsets.get(path, 0) + end
+            out += [RECORD.validate_json(line) for line in data[:end].splitlines() if line.strip()]
+        return out
+
+
+def tail(path: Path, limit: int = 4000) -> str:
+    """The last `limit` bytes of a file as text ('' when there is none)."""
+    data = path.read_bytes() if path.exists() else b""
+    return data[-limit:].decode(errors="replace")
+
+
+def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str, str]] = lambda _rank: dict(os.environ),
+                 on_records: Callable[[list[Record]], None], hang_timeout_s: float | None = None,
+                 timeout_s: float | None = None, poll_s: float = 0.2, tie_to_parent: bool = False) -> None:
+    """Run `spec.world_size` ranks of the spec's program in `folder` until all exit 0.
+
+    `env(rank)` is the rank's environment before the torchrun variables. Records are handed to
+    `on_records` as the ranks spool them, and what they wrote before a failure is handed on too. Raises
+    RankFailed (after killing the other ranks) when one exits non-zero, when no record came for
+    `hang_timeout_s`, or when the ranks run past `timeout_s`. `tie_to_parent`: ranks die with this process.
+    """
+    spec_path = folder / "spec.json"
+    spec_path.write_text(spec.model_copy(update={"spool_dir": str(folder)}).model_dump_json())
+    port, world = free_port(), spec.world_size
+    envs = [torchrun_env(env(rank), rank, world, port, spec.threads) for rank in range(world)]  # may refuse
+    reader, procs = SpoolReader(folder), []
+    failure: RankFailed | None = None
+    try:
+        for rank in range(world):
+            with (folder / f"rank{rank}.stderr").open("wb") as err:  # the child keeps its own copy
+                procs.append(subprocess.Popen([sys.executable, "-m", RANK_PROGRAMS[spec.kind], str(spec_path)],
+                                              env=envs[rank], stdout=err, stderr=subprocess.STDOUT,
+                                              preexec_fn=die_with_parent if tie_to_parent else None))
+        started = last_progress = time.monotonic()
+        while True:
+            records = reader.read()
+            if records:
+                on_records(records)
+                last_progress = time.monotonic()
+            codes = [p.poll() for p in procs]
+            bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                rank = bad[0]
+                failure = RankFailed(f"rank {rank} exited with code {codes[rank]}; its output ends:\n"
+                                     f"{tail(folder / f'rank{rank}.stderr')}")
+                break
+            if all(c == 0 for c in codes):
+                break
+            now = time.monotonic()
+            if hang_timeout_s is not None and now - last_progress > hang_timeout_s:
+                failure = RanksTimedOut(f"no progress from any rank for {hang_timeout_s:.0f} s; killed")
+                break
+            if timeout_s is not None and now - started > timeout_s:
+                failure = RanksTimedOut(f"ranks still running after {timeout_s:.0f} s; killed")
+                break
+            time.sleep(poll_s)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
+    rest = reader.read()  # what ranks wrote before exiting or being killed is kept
+    if rest:
+        on_records(rest)
+    if failure:
+        raise failure
