@@ -1,7 +1,7 @@
 """How long a train comparison takes to build, against loading every packed digest (the baseline).
 
 Writes two synthetic runs (S steps x W ranks x T tensors, diverging half way) into a fresh SQLite
-file (or --database-url), then times `comparisons.build` (model digests first, packed digests for the
+file (or --database-url), then times `reports.train.build` (model digests first, packed digests for the
 first divergent step and a sample) against the same comparison with every step's packed digests
 loaded. Prints medians and min-max over --repeats.
 
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from detlab.backend.db import make_engine
 from detlab.backend.models import Base, Config, Job, Run, StepRecord, TensorMeta
-from detlab.backend.reports import train as comparisons
+from detlab.backend.reports import train as train_report
 from detlab.backend.services.jobs import load_job
 from detlab.core import train as compare
 
@@ -59,8 +59,8 @@ def populate(session: Session, steps: int, ranks: int, tensors: int) -> int:
 
 def full_load(session: Session, job: Job) -> dict:
     runs = sorted(job.runs, key=lambda r: r.config_index)
-    a, b = (comparisons.load_run(session=session, run=r, workload=job.workload) for r in runs)
-    comparisons.load_detail(session=session, runs=[a, b], steps=a.steps())
+    a, b = (train_report.load_run(session=session, run=r, workload=job.workload) for r in runs)
+    train_report.load_detail(session=session, runs=[a, b], steps=a.steps())
     return compare.compare_runs(a, b)
 
 
@@ -89,11 +89,11 @@ def main() -> None:
         job_id = populate(session, args.steps, args.ranks, args.tensors)
         print(f"{args.steps} steps x {args.ranks} ranks x {args.tensors} tensors, diverging at step "
               f"{args.steps // 2}, on {engine.dialect.name}")
-        for name, fn in (("build (model digests + sampled detail)", comparisons.build),
+        for name, fn in (("build (model digests + sampled detail)", train_report.build),
                          ("baseline: every packed digest loaded", full_load)):
             def once(fn=fn) -> None:  # type: ignore[no-untyped-def]
                 session.expire_all()
-                fn(session=session, job=load_job(session=session, job_id=job_id)) if fn is comparisons.build \
+                fn(session=session, job=load_job(session=session, job_id=job_id)) if fn is train_report.build \
                     else fn(session, load_job(session=session, job_id=job_id))
             t = timed(once, args.repeats)
             print(f"  {name:42s} median {statistics.median(t):7.3f} s  (min {min(t):.3f}, max {max(t):.3f})")

@@ -151,6 +151,10 @@ def submit(
     elif kind == "train":
         typer.echo(f"job {job['id']} {job['status']}: verdict {result.get('verdict')}, first divergent step "
                    f"{result.get('first_divergent_step')}, tensors {result.get('first_divergent_tensors')}")
+        for missing in result.get("missing") or []:
+            typer.echo(f"  missing: {missing}")
+        for row in result.get("throughput") or []:
+            typer.echo(f"  config {row['config_index']} {row['name']}: cost {row.get('cost_text') or '—'}")
     else:
         cells = result.get("cells", [])
         typer.echo(f"job {job['id']} {job['status']}: {sum(c['reproducible'] for c in cells)}/{len(cells)} "

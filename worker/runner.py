@@ -15,8 +15,6 @@ from typing import Literal
 from detlab.core.configs import env_error
 from detlab.core.wire import RankSpec, Record, RunSpec
 from detlab.worker.client import BadSpec, IngestClient, Stale
-
-# Re-exported: detlab.cli and bench/ import them from here.
 from detlab.worker.launch import RankFailed, launch_ranks
 
 BATCH = 200

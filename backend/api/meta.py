@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from detlab.backend.api.deps import SessionDep, SettingsDep
 from detlab.backend.reports import findings
-from detlab.backend.services.jobs import MAX_SWEEP_CELLS
+from detlab.backend.services.jobs import MAX_SIZES, MAX_SWEEP_CELLS
 from detlab.backend.services.workers import known_workloads, live_workers
 from detlab.core import collective, configs
 from detlab.core.configs import ConfigBody
@@ -42,6 +42,7 @@ class LimitsRead(BaseModel):
     max_steps: int
     max_repeats: int
     max_sweep_cells: int
+    max_sizes: int
 
 
 class MetaRead(BaseModel):
@@ -112,7 +113,8 @@ def meta(settings: SettingsDep) -> MetaRead:
         dtypes=list(collective.DTYPES),
         dtype_bytes=collective.DTYPE_BYTES,
         limits=LimitsRead(max_world_size=settings.max_world_size, max_steps=settings.max_steps,
-                          max_repeats=settings.max_repeats, max_sweep_cells=MAX_SWEEP_CELLS),
+                          max_repeats=settings.max_repeats, max_sweep_cells=MAX_SWEEP_CELLS,
+                          max_sizes=MAX_SIZES),
     )
 
 

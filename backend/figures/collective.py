@@ -11,6 +11,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
+from detlab.core.collective import DTYPES, OPS
+
 GREEN = "#1a7f37"
 RED_LIGHT = "#f4a3a0"
 RED_DARK = "#b42318"
@@ -19,8 +21,6 @@ MIB = 1 << 20
 MAX_LABELS = 6  # configs beyond this get hover text instead of printed labels and numbers
 
 # The order the submit form lists them in; unknown ops and dtypes sort after, by name.
-OP_ORDER = ("all_reduce_sum", "all_reduce_avg", "all_gather", "reduce_scatter", "broadcast")
-DTYPE_ORDER = ("float32", "bfloat16", "float16")
 
 Group = tuple[str, str]  # (op, dtype)
 
@@ -63,7 +63,7 @@ def _order(value: str, known: tuple[str, ...]) -> tuple[int, str]:
 def groups(cells: Iterable[dict[str, Any]]) -> list[Group]:
     """The (op, dtype) pairs present, ops and dtypes in the form's order."""
     found = {(str(c["op"]), str(c["dtype"])) for c in cells}
-    return sorted(found, key=lambda g: (_order(g[0], OP_ORDER), _order(g[1], DTYPE_ORDER)))
+    return sorted(found, key=lambda g: (_order(g[0], OPS), _order(g[1], DTYPES)))
 
 
 def _group_label(group: Group) -> str:

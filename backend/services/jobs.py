@@ -36,6 +36,7 @@ def get_or_create_config(*, session: Session, body: configs.ConfigBody) -> Confi
 
 
 MAX_SWEEP_CELLS = 64
+MAX_SIZES = 24  # message sizes of a collective job (min × factor^k)
 CHANNEL_VARS = ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS")
 
 
@@ -103,8 +104,9 @@ def _validate(data: JobCreate, settings: Settings,
     if kind == "collective":
         params = data.collective or CollectiveParams()
         sizes = params.sizes()
-        if not sizes or len(sizes) > 24 or params.min_bytes > params.max_bytes:
-            raise InvalidJob("collective sizes: min_bytes <= max_bytes, and at most 24 sizes (min × factor^k)")
+        if not sizes or len(sizes) > MAX_SIZES or params.min_bytes > params.max_bytes:
+            raise InvalidJob(f"collective sizes: min_bytes <= max_bytes, and at most {MAX_SIZES} sizes "
+                             "(min × factor^k)")
         return "collective", len(params.ops) * len(params.dtypes) * len(sizes), bodies
     if data.workload not in workloads:
         raise InvalidJob(f"unknown workload {data.workload!r}; known: {sorted(workloads)}")

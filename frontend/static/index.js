@@ -5,7 +5,6 @@
 
 (function () {
   const JOBS_REFRESH_MS = 5000;
-  const MAX_SIZES = 24; // the backend's limit on min × factor^k sizes (not yet in /api/v1/meta)
   // Ticked when the page opens; the lists themselves come from the server (GET /api/v1/meta).
   const TICKED = new Set(["all_reduce_sum", "float32", "bfloat16"]);
   const KINDS = {
@@ -27,6 +26,7 @@
   const presets = new Map(); // name -> preset {name, description, config}
   const workloads = new Map(); // name -> workload {name, description, default_steps, global_batch}
   let limits = null; // the server's limits on a job, once /api/v1/meta has answered
+  const maxSizes = () => (limits ? limits.max_sizes : Infinity);
 
   const { API, $, el, getJSON, meta, humanBytes, badge, formatTime } = window.detlab;
 
@@ -130,7 +130,8 @@
   // Same series as the backend: min, min × factor, … while <= max.
   function messageSizes(min, max, factor) {
     const sizes = [];
-    for (let size = min; size <= max && sizes.length <= MAX_SIZES; size *= factor) sizes.push(size);
+    if (!(factor >= 2)) return sizes; // the server refuses a factor below 2; never loop forever
+    for (let size = min; size <= max && sizes.length <= maxSizes(); size *= factor) sizes.push(size);
     return sizes;
   }
 
@@ -148,8 +149,8 @@
     }
     if (stepFactor < 2) throw new Error("Step factor must be at least 2.");
     const count = messageSizes(minBytes, maxBytes, stepFactor).length;
-    if (count > MAX_SIZES) {
-      throw new Error(`That is more than ${MAX_SIZES} message sizes; raise the step factor or narrow min/max bytes.`);
+    if (count > maxSizes()) {
+      throw new Error(`That is more than ${maxSizes()} message sizes; raise the step factor or narrow min/max bytes.`);
     }
     const warmupRaw = $("warmup").value.trim();
     const warmup = Number(warmupRaw);
@@ -200,9 +201,9 @@
     }
     const sizes = messageSizes(min, max, factor);
     if (sizes.length === 0) hint.textContent = "No message sizes: min bytes is above max bytes.";
-    else if (sizes.length > MAX_SIZES) hint.textContent = `More than ${MAX_SIZES} message sizes; at most ${MAX_SIZES}.`;
+    else if (sizes.length > maxSizes()) hint.textContent = `More than ${maxSizes()} message sizes; at most ${maxSizes()}.`;
     else hint.textContent = `${sizes.length} message ${sizes.length === 1 ? "size" : "sizes"}: ${sizes.map(humanBytes).join(", ")}`;
-    hint.classList.toggle("warn", sizes.length === 0 || sizes.length > MAX_SIZES);
+    hint.classList.toggle("warn", sizes.length === 0 || sizes.length > maxSizes());
   }
 
   function updateCellCount() {

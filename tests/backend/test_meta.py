@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from detlab.backend.services.jobs import MAX_SWEEP_CELLS
+from detlab.backend.services.jobs import MAX_SIZES, MAX_SWEEP_CELLS
 from detlab.core.collective import DTYPE_BYTES, DTYPES, OPS
 from detlab.core.settings import Settings
 
@@ -25,4 +25,5 @@ def test_meta_lists_the_cores_ops_and_dtypes_in_its_order(client: TestClient) ->
 
 def test_meta_limits_are_this_servers_settings(client: TestClient) -> None:
     limits = client.get("/api/v1/meta").json()["limits"]
-    assert limits == {"max_world_size": 3, "max_steps": 7, "max_repeats": 5, "max_sweep_cells": MAX_SWEEP_CELLS}
+    assert limits == {"max_world_size": 3, "max_steps": 7, "max_repeats": 5, "max_sweep_cells": MAX_SWEEP_CELLS,
+                      "max_sizes": MAX_SIZES}
