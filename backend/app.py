@@ -15,14 +15,17 @@ from fastapi.staticfiles import StaticFiles
 
 from detlab.backend.api import ingest, jobs, meta
 from detlab.backend.limits import BodyLimit
-from detlab.core.settings import get_settings
+from detlab.core.settings import Settings, get_settings
+from detlab.core.text import escaped
 
 FRONTEND = Path(str(files("detlab.frontend")))
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
-def create_app(*, reconciler: bool = True) -> FastAPI:
-    settings = get_settings()
+def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> FastAPI:
+    """The app. `settings` (the environment's when None) fix what is set once at start: the body cap and
+    the reconciler's; requests read theirs through the SettingsDep dependency."""
+    settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -44,7 +47,9 @@ def create_app(*, reconciler: bool = True) -> FastAPI:
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         # Each error's place and message, without echoing the input: FastAPI's default answer echoes
         # it, and a NaN there (a blown-up loss, `world_size: NaN`) cannot be written as JSON: a 500.
-        detail = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
+        # A dict key in `loc` is the input too: one holding NUL or a lone surrogate is written escaped.
+        detail = [{"type": e["type"], "loc": [escaped(p) if isinstance(p, str) else p for p in e["loc"]],
+                   "msg": escaped(e["msg"])} for e in exc.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
 
     app.include_router(meta.router)

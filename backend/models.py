@@ -29,8 +29,8 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-QUEUED, RUNNING, SUCCEEDED, FAILED = "queued", "running", "succeeded", "failed"
-FINISHED = (SUCCEEDED, FAILED)
+QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
+FINISHED = (SUCCEEDED, FAILED, CANCELLED)
 
 
 def utcnow() -> datetime:

@@ -5,19 +5,26 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
+from detlab.core.text import storable
 
 # The ingest bodies (Claim, RecordsBatch, CommLogUpload, Finish, Heartbeat) are the wire contract
 # between server and worker: detlab.core.wire.
-from detlab.core.wire import BitFlip
+from detlab.core.wire import INT32, BitFlip
 
 
-class CollectiveParams(BaseModel):
-    """What a `collective` run measures: ops × dtypes × message sizes, T trials each."""
+class RequestBody(BaseModel):
+    """A body users send: unknown keys are refused and every string in it, keys included, is storable text."""
 
     model_config = ConfigDict(extra="forbid")
+    _text = field_validator("*")(storable)
+
+
+class CollectiveParams(RequestBody):
+    """What a `collective` run measures: ops × dtypes × message sizes, T trials each."""
+
     ops: list[CollectiveOp] = Field(default=["all_reduce_sum"], min_length=1, max_length=len(OPS))
     dtypes: list[CollectiveDtype] = Field(default=["float32"], min_length=1, max_length=len(DTYPES))
     min_bytes: int = Field(default=4096, ge=64, le=1 << 33)
@@ -34,27 +41,36 @@ class CollectiveParams(BaseModel):
         return sizes
 
 
-class SweepParams(BaseModel):
+class SweepParams(RequestBody):
     """The cartesian product of knob values over the base config (configs[0]); null = library default.
 
     Knobs are env variable names from the allow-list, plus `channels`, which sets NCCL's
     MIN/MAX_NCHANNELS and MIN/MAX_CTAS together."""
 
-    model_config = ConfigDict(extra="forbid")
     over: Literal["collective", "train"] = "collective"
     knobs: dict[str, list[str | None]] = Field(min_length=1, max_length=8)
 
 
-class JobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class JobCreate(RequestBody):
+    # Examples of each kind, for the API's docs and for the fuzz test's explicit phase.
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"workload": "mlp", "configs": [{"preset": "default"}, {"preset": "full-deterministic"}], "world_size": 2,
+         "steps": 20, "repeats": 2},
+        {"kind": "collective", "configs": [{"preset": "default"}, {"preset": "nccl-ring-simple"}], "world_size": 2,
+         "collective": {"ops": ["all_reduce_sum"], "dtypes": ["float32"], "min_bytes": 4096, "max_bytes": 1 << 20}},
+        {"kind": "sweep", "configs": [{"preset": "default"}], "world_size": 2,
+         "sweep": {"over": "collective", "knobs": {"NCCL_ALGO": ["Ring", "Tree", None],
+                                                     "NCCL_PROTO": ["Simple", None]}}},
+    ]})
 
+    # Integers bounded to the Integer columns they fill; the server's own limits are checked after.
     kind: Literal["train", "collective", "sweep"] = "train"
     workload: str | None = Field(default=None, min_length=1, max_length=64)
     configs: list[dict[str, Any]] = Field(min_length=1, max_length=8)
-    world_size: int = Field(default=1, ge=1)
-    steps: int | None = Field(default=None, ge=1)
-    repeats: int = Field(default=1, ge=1)
-    fingerprint_interval: int = Field(default=1, ge=1)
+    world_size: int = Field(default=1, ge=1, le=INT32)
+    steps: int | None = Field(default=None, ge=1, le=INT32)
+    repeats: int = Field(default=1, ge=1, le=INT32)
+    fingerprint_interval: int = Field(default=1, ge=1, le=INT32)
     inject_bitflip: BitFlip | None = None
     collective: CollectiveParams | None = None
     sweep: SweepParams | None = None
@@ -105,6 +121,10 @@ class JobRead(BaseModel):
     configs: list[ConfigRead]
     runs: list[RunRead]
     progress: float
+    queue: str
+    # Workers of the job's queue that are alive now, and why the job may wait when there are none.
+    live_workers: int = 0
+    queue_note: str | None = None
 
 
 class JobSummary(BaseModel):

@@ -136,7 +136,7 @@ def submit(
             typer.echo(json.dumps(job) if as_json else f"job {job['id']} submitted: {server}/jobs/{job['id']}")
             return
         deadline = time.monotonic() + timeout
-        while job["status"] not in ("succeeded", "failed"):
+        while job["status"] not in ("succeeded", "failed", "cancelled"):
             if time.monotonic() > deadline:
                 typer.echo(f"timed out waiting for job {job['id']}", err=True)
                 raise typer.Exit(3)
@@ -161,6 +161,34 @@ def submit(
                    f"cells reproducible; {server}/jobs/{job['id']}")
     if job["status"] != "succeeded":
         raise typer.Exit(1)
+
+
+@app.command()
+def cancel(
+    job: Annotated[int, typer.Argument(help="the job's id")],
+    server: str = "http://127.0.0.1:8000",
+) -> None:
+    """Cancel a queued or running job: its ranks are killed within seconds, what they recorded is kept and
+    the job's result is computed from it. Exit 0 when the job is cancelled (again: a no-op), 1 when it had
+    already finished otherwise, 2 on any other error."""
+    try:
+        resp = httpx.post(f"{server.rstrip('/')}/api/v1/jobs/{job}/cancel", timeout=60)
+    except httpx.TransportError as exc:
+        typer.echo(f"error: cannot reach {server}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if resp.status_code != 200:
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        typer.echo(f"error {resp.status_code}: {detail}", err=True)
+        raise typer.Exit(1 if resp.status_code == 409 else 2)
+    found = resp.json()
+    counts: dict[str, int] = {}
+    for run in found["runs"]:
+        counts[run["status"]] = counts.get(run["status"], 0) + 1
+    runs = ", ".join(f"{n} {status}" for status, n in counts.items())
+    typer.echo(f"job {job} {found['status']} (runs: {runs}); recorded steps are kept: {server}/jobs/{job}")
 
 
 def _checkpoint_fingerprints(path: Path, certificates: bool = False) -> dict[str, dict[str, Any]]:
@@ -265,6 +293,61 @@ def verify_collective(ctx: typer.Context) -> None:
     from detlab.worker.verify import main
 
     raise typer.Exit(main(list(ctx.args)))
+
+
+# What `compare --json` prints of a verdict (per-step rows and loss curves stay out: they grow with the run).
+_COMPARE_KEYS = ("verdict", "reason", "mode", "first_divergent_step", "first_divergent_tensors", "ranks",
+                 "steps_differing", "steps_compared", "missing")
+
+
+def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list[str]:
+    verdict = result["verdict"]
+    if verdict == "incomparable":
+        return [f"incomparable: {result['reason']}"]
+    if verdict == "identical":
+        lines = [f"identical: {result['steps_compared']} steps x {world_size} rank(s) x {tensors} tensors equal"]
+    elif verdict == "diverged":
+        names = result["first_divergent_tensors"]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        where = f" on rank(s) {', '.join(map(str, result['ranks']))}" if result["ranks"] else ""
+        lines = [f"diverged at step {result['first_divergent_step']}{where}: {shown or 'tensors not known'}; "
+                 f"{result['steps_differing']} of {result['steps_compared']} compared steps differ"]
+    else:
+        lines = [f"incomplete: the {result['steps_compared']} steps both runs recorded are equal, but data is missing"]
+    lines += [f"  missing: {m}" for m in result["missing"]]
+    if result["reason"]:
+        lines.append(f"  note: {result['reason']}")
+    return lines
+
+
+@app.command()
+def compare(
+    a: Annotated[Path, typer.Argument(help="record directory A, written by detlab.Recorder(out=A)")],
+    b: Annotated[Path, typer.Argument(help="record directory B")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: verdict, first_divergent_step, "
+                                          "first_divergent_tensors, ranks, steps_differing, missing")] = False,
+) -> None:
+    """Compare two runs recorded with detlab.Recorder, without a server (a CI gate, docs/sdk.md).
+
+    Exit 0 when identical, 1 when they diverged (the first step, its tensors and ranks are printed), 2 when
+    they are incomplete or incomparable, or a directory cannot be read. In messages, run 1 is A and run 2 is B."""
+    from detlab.core.train import compare_runs
+    from detlab.sdk.store import RecordsError, load_run
+
+    try:
+        run_a, run_b = load_run(a, run_id=1), load_run(b, run_id=2)
+    except RecordsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        if as_json:
+            typer.echo(json.dumps({"verdict": "error", "error": str(exc)}))
+        raise typer.Exit(2) from None
+    result = compare_runs(run_a, run_b)
+    if as_json:
+        typer.echo(json.dumps({**{k: result[k] for k in _COMPARE_KEYS}, "a": str(a), "b": str(b)}))
+    else:
+        for line in _verdict_text(result, len(run_a.tensors), run_a.world_size):
+            typer.echo(line)
+    raise typer.Exit({"identical": 0, "diverged": 1}.get(result["verdict"], 2))
 
 
 if __name__ == "__main__":

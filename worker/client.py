@@ -18,6 +18,7 @@ from detlab.core.wire import (
     CommLogUpload,
     Finish,
     Heartbeat,
+    HeartbeatAck,
     Record,
     RecordsBatch,
     RunSpec,
@@ -32,6 +33,10 @@ class IngestError(RuntimeError):
 
 class Stale(IngestError):
     """The API refused the request because the run moved on (finished, or another attempt)."""
+
+
+class TooLarge(IngestError):
+    """The API refused the body as over its size cap (413, DETLAB_MAX_BODY_BYTES)."""
 
 
 class BadSpec(IngestError):
@@ -61,6 +66,8 @@ class IngestClient:
             else:
                 if resp.status_code == 409:
                     raise Stale(resp.json().get("detail", resp.text))
+                if resp.status_code == 413:
+                    raise TooLarge(f"{path}: {resp.status_code} {resp.text[:500]}")
                 if resp.status_code < 500:
                     if resp.status_code >= 400:
                         raise IngestError(f"{path}: {resp.status_code} {resp.text[:500]}")
@@ -82,7 +89,17 @@ class IngestClient:
                           attempt if isinstance(attempt, int) else None) from exc
 
     def records(self, run_id: int, attempt: int, records: list[Record]) -> None:
-        self._post(f"/api/v1/ingest/runs/{run_id}/records", RecordsBatch(attempt=attempt, records=records))
+        """Send spool records. A batch over the API's body cap (many tensors: MoE models) is sent again in
+        halves until each part fits; the API stores a record sent twice once, so nothing is lost or doubled.
+        Only a single record over the cap is an error (TooLarge)."""
+        try:
+            self._post(f"/api/v1/ingest/runs/{run_id}/records", RecordsBatch(attempt=attempt, records=records))
+        except TooLarge:
+            if len(records) < 2:
+                raise
+            half = len(records) // 2
+            self.records(run_id, attempt, records[:half])
+            self.records(run_id, attempt, records[half:])
 
     def comm_log(self, run_id: int, attempt: int, rank: int, text: bytes, raw_bytes: int, truncated: bool) -> None:
         upload = CommLogUpload(attempt=attempt, rank=rank, zlib_b64=base64.b64encode(zlib.compress(text, 6)).decode(),
@@ -97,6 +114,7 @@ class IngestClient:
         self._post(f"/api/v1/ingest/runs/{run_id}/finish", Finish(attempt=attempt, status=status, error=error))
 
     def heartbeat(self, worker: str, queue: str, run_id: int | None, attempt: int | None,
-                  info: WorkerInfo | None = None) -> None:
+                  info: WorkerInfo | None = None) -> HeartbeatAck:
+        """Say the worker is alive; the reply's `stop` says the run it named is no longer its to execute."""
         beat = Heartbeat(worker=worker, queue=queue, run_id=run_id, attempt=attempt, info=info or WorkerInfo())
-        self._post("/api/v1/ingest/heartbeat", beat)
+        return HeartbeatAck.model_validate(self._post("/api/v1/ingest/heartbeat", beat))

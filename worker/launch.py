@@ -4,6 +4,8 @@ Used by the worker's runner (one claimed run) and by `detlab verify-collective` 
 rank is `python -m <program> spec.json` with torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE) on top of the environment its caller gives it, and appends
 `Record` lines to `rank<r>.jsonl` in the run's folder; its stdout and stderr go to `rank<r>.stderr`.
+Each rank leads a process group of its own, and the whole group is killed when the ranks end, however
+they end (done, failed, hung, or stopped because the server cancelled the run).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from detlab.core.wire import RECORD, RankSpec, Record
+from detlab.core.wire import MAX_WORLD_SIZE, RECORD, RankSpec, Record, WorkerCapacity
 
 RANK_PROGRAMS = {"train": "detlab.worker.ranks.train", "collective": "detlab.worker.ranks.collective"}
 
@@ -30,6 +33,10 @@ class RankFailed(RuntimeError):
 
 class RanksTimedOut(RankFailed):
     """The ranks were killed for making no progress or running too long."""
+
+
+class RanksStopped(Exception):
+    """The ranks were killed because their run is no longer wanted (cancelled, or taken over): not a failure."""
 
 
 def free_port() -> int:
@@ -44,6 +51,34 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     A SIGKILLed worker must not leave ranks training into a spool nobody reads."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(1, sig)  # PR_SET_PDEATHSIG
+
+
+def node_capacity(device: Literal["auto", "cpu", "cuda"], ranks_per_core: int) -> WorkerCapacity:
+    """How many ranks of one run this node can launch, as the heartbeat reports it: one per GPU when its
+    ranks run on GPUs (nccl), `ranks_per_core` per CPU core it may use otherwise (gloo)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    gpus = 0
+    if device != "cpu":
+        import torch  # the worker holds torch; counting creates no CUDA context (ranks pick GPUs the same way)
+
+        gpus = torch.cuda.device_count()
+    on_gpu = device == "cuda" or (device == "auto" and gpus > 0)
+    return WorkerCapacity(device="cuda" if on_gpu else "cpu", gpus=min(gpus, MAX_WORLD_SIZE), cpu_cores=cores,
+                          ranks_per_core=ranks_per_core)
+
+
+def kill_groups(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL each rank's process group (the rank and whatever it spawned), then reap the ranks.
+
+    Every rank leads a group of its own (start_new_session), so a data-loader worker or compiler process it
+    started goes with it. A group whose leader already exited is killed too: its children may remain."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone already
+    for p in procs:
+        p.wait()
 
 
 def torchrun_env(base: dict[str, str], rank: int, world_size: int, port: int, threads: int | None) -> dict[str, str]:
@@ -83,13 +118,17 @@ def tail(path: Path, limit: int = 4000) -> str:
 
 def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str, str]] = lambda _rank: dict(os.environ),
                  on_records: Callable[[list[Record]], None], hang_timeout_s: float | None = None,
-                 timeout_s: float | None = None, poll_s: float = 0.2, tie_to_parent: bool = False) -> None:
+                 timeout_s: float | None = None, poll_s: float = 0.2, tie_to_parent: bool = False,
+                 stop: Callable[[], str | None] = lambda: None) -> None:
     """Run `spec.world_size` ranks of the spec's program in `folder` until all exit 0.
 
     `env(rank)` is the rank's environment before the torchrun variables. Records are handed to
     `on_records` as the ranks spool them, and what they wrote before a failure is handed on too. Raises
     RankFailed (after killing the other ranks) when one exits non-zero, when no record came for
     `hang_timeout_s`, or when the ranks run past `timeout_s`. `tie_to_parent`: ranks die with this process.
+    `stop()` is asked every poll; a reason kills the ranks' process groups and raises RanksStopped (what they
+    wrote after the last hand-on is not handed on: the run no longer takes records). Whatever ends the
+    ranks, their process groups are killed before this returns.
     """
     spec_path = folder / "spec.json"
     spec_path.write_text(spec.model_copy(update={"spool_dir": str(folder)}).model_dump_json())
@@ -102,6 +141,7 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
             with (folder / f"rank{rank}.stderr").open("wb") as err:  # the child keeps its own copy
                 procs.append(subprocess.Popen([sys.executable, "-m", RANK_PROGRAMS[spec.kind], str(spec_path)],
                                               env=envs[rank], stdout=err, stderr=subprocess.STDOUT,
+                                              start_new_session=True,
                                               preexec_fn=die_with_parent if tie_to_parent else None))
         started = last_progress = time.monotonic()
         while True:
@@ -109,6 +149,8 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
             if records:
                 on_records(records)
                 last_progress = time.monotonic()
+            if reason := stop():
+                raise RanksStopped(reason)
             codes = [p.poll() for p in procs]
             bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if bad:
@@ -127,11 +169,7 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
                 break
             time.sleep(poll_s)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait()
+        kill_groups(procs)
     rest = reader.read()  # what ranks wrote before exiting or being killed is kept
     if rest:
         on_records(rest)

@@ -1,21 +1,26 @@
 """Executes one run: claims it, launches W ranks torchrun-style, streams their spools to ingest.
 
 Plain functions, tested without Celery. A rank that exits non-zero or stops making progress fails
-the run with its stderr tail; records already streamed stay.
+the run with its stderr tail; records already streamed stay. A run the server cancels is stopped: the
+heartbeat's reply (or a 409 to its records) has its ranks' process groups killed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from detlab.core.configs import env_error
 from detlab.core.wire import RankSpec, Record, RunSpec
 from detlab.worker.client import BadSpec, IngestClient, Stale
-from detlab.worker.launch import RankFailed, launch_ranks
+from detlab.worker.launch import RankFailed, RanksStopped, launch_ranks
+
+log = logging.getLogger(__name__)
 
 BATCH = 200
 POLL_S = 0.2
@@ -26,10 +31,29 @@ NCCL_DEBUG_DEFAULTS = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNI
 
 @dataclass
 class Current:
-    """The run this worker process is executing, read by the heartbeat thread."""
+    """The run this worker process is executing, read by the heartbeat thread; `stop_reason` is set by that
+    thread when the server answers that the run is no longer ours (cancelled, or another attempt's)."""
 
     run_id: int | None = None
     attempt: int | None = None
+    stop_reason: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def begin(self, run_id: int | None, attempt: int | None) -> None:
+        with self._lock:
+            self.run_id, self.attempt, self.stop_reason = run_id, attempt, None
+
+    def now(self) -> tuple[int | None, int | None]:
+        """(run_id, attempt) of the run executing, read together."""
+        with self._lock:
+            return self.run_id, self.attempt
+
+    def stop(self, run_id: int, attempt: int | None, reason: str) -> None:
+        """Ask the launcher to kill the ranks, if the reply is about the run still executing (a reply about
+        the run before is ignored)."""
+        with self._lock:
+            if (self.run_id, self.attempt) == (run_id, attempt):
+                self.stop_reason = reason
 
 
 CURRENT = Current()
@@ -63,7 +87,8 @@ def upload_logs(client: IngestClient, run_id: int, attempt: int, folder: Path, w
 
 def execute(run_id: int, *, client: IngestClient, worker: str, device: Literal["auto", "cpu", "cuda"] = "auto",
             hang_timeout_s: float = 300.0) -> str:
-    """Run one run to completion; returns its final status ('skipped' when another owns it)."""
+    """Run one run to completion; returns its final status ('skipped' when another owns it or it was cancelled
+    before it started, 'stopped' when the server said to stop it while its ranks ran)."""
     try:
         spec = client.claim(run_id, worker)
     except Stale:
@@ -73,18 +98,21 @@ def execute(run_id: int, *, client: IngestClient, worker: str, device: Literal["
             raise
         client.finish(run_id, exc.attempt, "failed", f"worker error: {exc}")
         return "failed"
-    CURRENT.run_id, CURRENT.attempt = run_id, spec.attempt
+    CURRENT.begin(run_id, spec.attempt)
     try:
         status, error = _launch_and_stream(spec, client, device, hang_timeout_s)
         client.finish(run_id, spec.attempt, status, error)
         return status
+    except RanksStopped as exc:  # the server has the run's status already: nothing to finish
+        log.info("run %s attempt %s stopped: %s", run_id, spec.attempt, exc)
+        return "stopped"
     except Stale:
-        return "skipped"  # replaced by a newer attempt while we ran
+        return "skipped"  # cancelled, or replaced by a newer attempt, while we ran (its ranks are killed)
     except Exception as exc:  # a refused spec or a worker bug fails the run rather than stranding it
         client.finish(run_id, spec.attempt, "failed", f"worker error: {type(exc).__name__}: {exc}")
         return "failed"
     finally:
-        CURRENT.run_id = CURRENT.attempt = None
+        CURRENT.begin(None, None)
 
 
 def _launch_and_stream(spec: RunSpec, client: IngestClient, device: Literal["auto", "cpu", "cuda"],
@@ -98,7 +126,8 @@ def _launch_and_stream(spec: RunSpec, client: IngestClient, device: Literal["aut
         failure: str | None = None
         try:
             launch_ranks(RankSpec.for_run(spec, device=device), folder, env=lambda rank: child_env(spec, rank, folder),
-                         on_records=send, hang_timeout_s=hang_timeout_s, poll_s=POLL_S, tie_to_parent=True)
+                         on_records=send, hang_timeout_s=hang_timeout_s, poll_s=POLL_S, tie_to_parent=True,
+                         stop=lambda: CURRENT.stop_reason)
         except RankFailed as exc:
             failure = str(exc)
         upload_logs(client, spec.run_id, spec.attempt, folder, spec.world_size)

@@ -1,4 +1,4 @@
-"""Celery tasks (thin: the logic is in runner.py) and the worker's heartbeat."""
+"""Celery tasks (thin: the logic is in runner.py) and the worker's heartbeat, whose reply can stop the run."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from detlab.core.settings import get_settings
 from detlab.core.wire import WorkerInfo
 from detlab.worker import runner
 from detlab.worker.client import IngestClient
+from detlab.worker.launch import node_capacity
 from detlab.worker.workloads import describe
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,17 @@ def execute_run(self, run_id: int) -> str:  # type: ignore[no-untyped-def]
 def _beat() -> None:
     settings = get_settings()
     client = IngestClient(settings.api_url, settings.resolved_ingest_token(), retries=0)
-    info = WorkerInfo(workloads=describe())  # what this node can run
+    # What this node can run, and how many ranks: the server refuses jobs its queue's workers cannot hold.
+    info = WorkerInfo(workloads=describe(), capacity=node_capacity(settings.device, settings.cpu_ranks_per_core))
     while not _stop.wait(settings.heartbeat_interval_s):
+        run_id, attempt = runner.CURRENT.now()
         try:
-            client.heartbeat(worker_name(), settings.queue, runner.CURRENT.run_id, runner.CURRENT.attempt, info)
+            ack = client.heartbeat(worker_name(), settings.queue, run_id, attempt, info)
         except Exception as exc:  # noqa: BLE001 - the API may be restarting; keep beating
             log.warning("heartbeat failed: %s", exc)
+            continue
+        if ack.stop and run_id is not None:  # cancelled or taken over: the runner kills its ranks
+            runner.CURRENT.stop(run_id, attempt, ack.reason or f"the server stopped run {run_id}")
 
 
 @worker_ready.connect

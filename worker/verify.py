@@ -129,7 +129,8 @@ def launch(spec: RankSpec, *, timeout_s: float = 600.0) -> list[Record]:
     records: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="detlab-verify-") as tmp:
         try:
-            launch_ranks(spec, Path(tmp), on_records=records.extend, timeout_s=timeout_s, poll_s=0.1)
+            launch_ranks(spec, Path(tmp), on_records=records.extend, timeout_s=timeout_s, poll_s=0.1,
+                         tie_to_parent=True)
         except RanksTimedOut as exc:
             raise RanksTimedOut(f"{exc} (raise --timeout)") from exc
     return records

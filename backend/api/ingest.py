@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from fastapi import APIRouter, HTTPException
 
-from detlab.backend.api.deps import IngestAuth, SessionDep, SettingsDep
+from detlab.backend.api.deps import IngestAuth, RunId, SessionDep, SettingsDep
 from detlab.backend.models import Run
 from detlab.backend.services import ingest, workers
 from detlab.core.wire import (
@@ -49,7 +49,7 @@ def as_http_errors() -> Iterator[None]:
 
 
 @router.post("/runs/{run_id}/claim", response_model=RunSpec)
-def claim_run(run_id: int, body: Claim, session: SessionDep, settings: SettingsDep) -> RunSpec:
+def claim_run(run_id: RunId, body: Claim, session: SessionDep, settings: SettingsDep) -> RunSpec:
     with as_http_errors():
         spec = ingest.claim(session=session, run=_run(session, run_id), worker=body.worker,
                             stale_after_s=settings.run_stale_after_s)
@@ -58,7 +58,7 @@ def claim_run(run_id: int, body: Claim, session: SessionDep, settings: SettingsD
 
 
 @router.post("/runs/{run_id}/records", response_model=RecordsAccepted)
-def add_records(run_id: int, batch: RecordsBatch, session: SessionDep) -> RecordsAccepted:
+def add_records(run_id: RunId, batch: RecordsBatch, session: SessionDep) -> RecordsAccepted:
     with as_http_errors():
         accepted = ingest.add_records(session=session, run=_run(session, run_id), batch=batch)
     session.commit()
@@ -66,7 +66,7 @@ def add_records(run_id: int, batch: RecordsBatch, session: SessionDep) -> Record
 
 
 @router.post("/runs/{run_id}/commlog", response_model=CommLogStored)
-def add_comm_log(run_id: int, upload: CommLogUpload, session: SessionDep) -> CommLogStored:
+def add_comm_log(run_id: RunId, upload: CommLogUpload, session: SessionDep) -> CommLogStored:
     with as_http_errors():
         parsed = ingest.add_comm_log(session=session, run=_run(session, run_id), upload=upload)
     session.commit()
@@ -74,7 +74,7 @@ def add_comm_log(run_id: int, upload: CommLogUpload, session: SessionDep) -> Com
 
 
 @router.post("/runs/{run_id}/finish", response_model=RunStatus)
-def finish_run(run_id: int, body: Finish, session: SessionDep) -> RunStatus:
+def finish_run(run_id: RunId, body: Finish, session: SessionDep) -> RunStatus:
     run = _run(session, run_id)
     with as_http_errors():
         ingest.finish(session=session, run=run, attempt=body.attempt, status=body.status, error=body.error)
@@ -84,6 +84,6 @@ def finish_run(run_id: int, body: Finish, session: SessionDep) -> RunStatus:
 
 @router.post("/heartbeat", response_model=HeartbeatAck)
 def heartbeat(beat: Heartbeat, session: SessionDep) -> HeartbeatAck:
-    workers.heartbeat(session=session, beat=beat)
+    ack = workers.heartbeat(session=session, beat=beat)  # stop=True: the run it named was cancelled or moved on
     session.commit()
-    return HeartbeatAck(ok=True)
+    return ack

@@ -1,18 +1,18 @@
-"""Jobs: submit, list, read; their results and figures; runs' NCCL/RCCL logs."""
+"""Jobs: submit, list, read, cancel; their results and figures; runs' NCCL/RCCL logs; cancelling a run."""
 
 from __future__ import annotations
 
 import zlib
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 
-from detlab.backend.api.deps import CurrentUser, SessionDep, SettingsDep
+from detlab.backend.api.deps import CurrentUser, JobId, Limit, Offset, RankPath, RunId, SessionDep, SettingsDep
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import train as train_figures
-from detlab.backend.models import CommLog, Job, Run, utcnow
+from detlab.backend.models import FINISHED, CommLog, Job, Run, utcnow
 from detlab.backend.schemas import (
     CollectiveFigures,
     CollectiveResult,
@@ -22,11 +22,13 @@ from detlab.backend.schemas import (
     JobSummary,
     LogDiff,
     PlotlyFigure,
+    RunRead,
     TrainResult,
 )
-from detlab.backend.services import jobs
+from detlab.backend.services import cancel, jobs
 from detlab.backend.services.dispatch import dispatch
 from detlab.backend.services.settle import is_collective, job_result
+from detlab.backend.services.workers import queue_state
 from detlab.core import commlog
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -46,11 +48,11 @@ def submit_job(data: JobCreate, session: SessionDep, settings: SettingsDep, user
     for run in runs:
         dispatch(run.id, job.queue)
     session.refresh(job)
-    return JobRead.model_validate(job)
+    return _read(session, settings, job)
 
 
 @router.get("", response_model=JobsPage)
-def list_jobs(session: SessionDep, limit: int = Query(20, ge=1, le=200), offset: int = Query(0, ge=0)) -> JobsPage:
+def list_jobs(session: SessionDep, limit: Limit = 20, offset: Offset = 0) -> JobsPage:
     items, total = jobs.list_jobs(session=session, limit=limit, offset=offset)
     return JobsPage(items=[JobSummary.model_validate(job) for job in items], total=total)
 
@@ -62,9 +64,29 @@ def _job_or_404(session: SessionDep, job_id: int) -> Job:
     return job
 
 
+def _read(session: SessionDep, settings: SettingsDep, job: Job) -> JobRead:
+    """The job as read, with its queue's live workers (an unfinished job says why it may wait)."""
+    state = queue_state(session=session, queue=job.queue, within_s=settings.run_stale_after_s)
+    note = None if job.status in FINISHED else state.note()
+    return JobRead.model_validate(job).model_copy(update={"live_workers": state.live, "queue_note": note})
+
+
 @router.get("/{job_id}", response_model=JobRead)
-def read_job(job_id: int, session: SessionDep) -> JobRead:
-    return JobRead.model_validate(_job_or_404(session, job_id))
+def read_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobRead:
+    return _read(session, settings, _job_or_404(session, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobRead, responses={409: {"description": "the job already finished"}})
+def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser) -> JobRead:
+    """Cancel the job's queued and running runs; their workers kill the ranks within seconds and what the
+    runs recorded is kept. Cancelling a cancelled job again is a no-op; a finished job is a 409."""
+    job = _job_or_404(session, job_id)
+    try:
+        cancel.cancel_job(session=session, job=job, user=user)
+    except cancel.NotCancellable as exc:
+        raise HTTPException(409, str(exc)) from exc
+    session.commit()
+    return _read(session, settings, job)
 
 
 def _result(job_id: int, session: SessionDep, *, collective: bool) -> dict[str, Any]:
@@ -79,35 +101,50 @@ def _result(job_id: int, session: SessionDep, *, collective: bool) -> dict[str, 
 
 # A single-config comparison has no two-run keys: absent, as the report leaves them, not null.
 @router.get("/{job_id}/comparison", response_model=TrainResult, response_model_exclude_unset=True)
-def read_comparison(job_id: int, session: SessionDep) -> dict[str, Any]:
+def read_comparison(job_id: JobId, session: SessionDep) -> dict[str, Any]:
     return _result(job_id, session, collective=False)
 
 
 @router.get("/{job_id}/comparison/figure", response_model=PlotlyFigure)
-def read_comparison_figure(job_id: int, session: SessionDep) -> dict[str, Any]:
+def read_comparison_figure(job_id: JobId, session: SessionDep) -> dict[str, Any]:
     return train_figures.comparison_figure(_result(job_id, session, collective=False))
 
 
 @router.get("/{job_id}/throughput/figure", response_model=PlotlyFigure)
-def read_throughput_figure(job_id: int, session: SessionDep) -> dict[str, Any]:
+def read_throughput_figure(job_id: JobId, session: SessionDep) -> dict[str, Any]:
     return train_figures.throughput_figure(_result(job_id, session, collective=False))
 
 
 @router.get("/{job_id}/collective", response_model=CollectiveResult)
-def read_collective(job_id: int, session: SessionDep) -> dict[str, Any]:
+def read_collective(job_id: JobId, session: SessionDep) -> dict[str, Any]:
     return _result(job_id, session, collective=True)
 
 
 @router.get("/{job_id}/collective/figures", response_model=CollectiveFigures)
-def read_collective_figures(job_id: int, session: SessionDep) -> dict[str, dict[str, Any]]:
+def read_collective_figures(job_id: JobId, session: SessionDep) -> dict[str, dict[str, Any]]:
     return collective_figures.collective_figures(_result(job_id, session, collective=True))
 
 
 runs_router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
 
 
+@runs_router.post("/{run_id}/cancel", response_model=RunRead,
+                  responses={409: {"description": "the run already finished"}})
+def cancel_run(run_id: RunId, session: SessionDep, user: CurrentUser) -> RunRead:
+    """Cancel one queued or running run; the job goes on with its other runs."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise HTTPException(404, f"no run {run_id}")
+    try:
+        cancel.cancel_run(session=session, run=run, user=user)
+    except cancel.NotCancellable as exc:
+        raise HTTPException(409, str(exc)) from exc
+    session.commit()
+    return RunRead.model_validate(run)
+
+
 @runs_router.get("/{run_a}/logdiff/{run_b}", response_model=LogDiff)
-def log_diff(run_a: int, run_b: int, session: SessionDep) -> dict[str, Any]:
+def log_diff(run_a: RunId, run_b: RunId, session: SessionDep) -> dict[str, Any]:
     """The NCCL/RCCL log facts that differ between two runs (their lowest ranks' logs)."""
     facts = []
     for run_id in (run_a, run_b):
@@ -119,7 +156,7 @@ def log_diff(run_a: int, run_b: int, session: SessionDep) -> dict[str, Any]:
 
 
 @runs_router.get("/{run_id}/commlog/{rank}", response_model=str, response_class=PlainTextResponse)
-def read_comm_log(run_id: int, rank: int, session: SessionDep) -> str:
+def read_comm_log(run_id: RunId, rank: RankPath, session: SessionDep) -> str:
     """One rank's NCCL/RCCL debug log as uploaded (cut to head and tail if it was over the cap)."""
     log = session.scalars(select(CommLog).where(CommLog.run_id == run_id, CommLog.rank == rank)).first()
     if log is None:

@@ -144,6 +144,8 @@ def add_comm_log(*, session: Session, run: Run, upload: wire.CommLogUpload) -> d
         text = inflater.decompress(raw, MAX_LOG_BYTES)
         if inflater.unconsumed_tail:
             raise ValueError(f"log is over {MAX_LOG_BYTES} bytes decompressed")
+        if not inflater.eof:  # stored as sent and decompressed whole on every read: it must be complete
+            raise ValueError("log is not a complete zlib stream (empty or cut short)")
     except (ValueError, zlib.error) as exc:
         raise ValueError(f"bad log upload: {exc}") from exc
     parsed = commlog.parse(text.decode("utf-8", errors="replace"))

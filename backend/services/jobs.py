@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from detlab.backend.models import FAILED, FINISHED, QUEUED, RUNNING, SUCCEEDED, Config, Job, Run, utcnow
+from detlab.backend.models import CANCELLED, FAILED, FINISHED, QUEUED, RUNNING, SUCCEEDED, Config, Job, Run, utcnow
 from detlab.backend.schemas import CollectiveParams, JobCreate
-from detlab.backend.services.workers import known_workloads
+from detlab.backend.services.workers import known_workloads, queue_state
 from detlab.core import configs
 from detlab.core.settings import Settings
 from detlab.core.wire import explain
@@ -51,13 +51,14 @@ def expand_sweep(base: configs.ConfigBody, knobs: dict[str, list[str | None]]) -
     """One config per cell of the cartesian product of knob values; None leaves the knob at its default."""
     problems = []
     for name, values in knobs.items():
+        names = CHANNEL_VARS if name == "channels" else (name,)
+        # The name is checked even when every value is null: it is stored with the job and shown.
+        if named := [p for t in names if (p := configs.env_name_error(t))]:
+            problems += named
+            continue
         if not values:
             problems.append(f"{name}: give at least one value (null = the library default)")
-        for value in values:
-            if value is None:
-                continue
-            names = CHANNEL_VARS if name == "channels" else (name,)
-            problems += [p for t in names if (p := configs.env_error(t, value))]
+        problems += [p for value in values if value is not None for t in names if (p := configs.env_error(t, value))]
     if problems:
         raise InvalidJob("sweep knobs: " + "; ".join(problems))
     cells = list(itertools.product(*knobs.values()))
@@ -126,10 +127,30 @@ def _validate(data: JobCreate, settings: Settings,
     return data.workload, steps, bodies
 
 
+def _check_load(*, session: Session, data: JobCreate, steps: int, bodies: list[configs.ConfigBody],
+                settings: Settings) -> None:
+    """Nothing is accepted that the workers cannot hold: each run's world size against what the workers of
+    the job's queue report they can launch, and the whole job's rank-steps against the server's ceiling."""
+    worlds = [body.world_size or data.world_size for body in bodies]
+    rank_steps = data.repeats * sum(worlds) * steps
+    if rank_steps > settings.max_rank_steps:
+        unit = "steps" if data.kind == "train" or (data.sweep and data.sweep.over == "train") else "cells"
+        raise InvalidJob(f"the job is {data.repeats} repeat(s) × {len(bodies)} config(s) at world sizes "
+                         f"{sorted(set(worlds))} × {steps} {unit} = {rank_steps:,} rank-steps; this server takes at "
+                         f"most {settings.max_rank_steps:,} (max_rank_steps): ask for fewer repeats, configs, "
+                         f"ranks or {unit}")
+    state = queue_state(session=session, queue=data.queue, within_s=settings.run_stale_after_s)
+    if state.max_world_size is not None and max(worlds) > state.max_world_size:
+        i = worlds.index(max(worlds))
+        raise InvalidJob(f"config {i} ({bodies[i].name}): world_size {worlds[i]} exceeds what the workers of "
+                         f"queue {data.queue!r} can run: {state.limit}")
+
+
 def create_job(*, session: Session, data: JobCreate, settings: Settings, submitter: str | None) -> Job:
     """Validate, store the job and its runs (repeats interleaved A B A B so drift cancels)."""
     workloads = known_workloads(session=session)
     workload, steps, bodies = _validate(data, settings, workloads)
+    _check_load(session=session, data=data, steps=steps, bodies=bodies, settings=settings)
     stored = [get_or_create_config(session=session, body=b) for b in bodies]
     params: dict[str, Any] = {"fingerprint_interval": data.fingerprint_interval}
     if workload == "collective":
@@ -158,7 +179,8 @@ def roll_up(*, session: Session, job: Job) -> None:
     """Job status from its runs."""
     statuses = [r.status for r in job.runs]
     if all(s in FINISHED for s in statuses):
-        job.status = SUCCEEDED if all(s == SUCCEEDED for s in statuses) else FAILED
+        job.status = SUCCEEDED if all(s == SUCCEEDED for s in statuses) else \
+            CANCELLED if CANCELLED in statuses else FAILED
         job.finished_at = job.finished_at or utcnow()
     elif any(s != QUEUED for s in statuses):
         job.status = RUNNING

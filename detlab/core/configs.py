@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from detlab.core.text import escaped, storable
+
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # No shell metacharacters ($ ` ; | & < > quotes, spaces, newlines) and no '/' (no knob we allow takes a
 # path, and NCCL opens some values as files, e.g. NCCL_PROXY_PROFILE) in any value.
@@ -104,16 +106,24 @@ WORKER_OWNED = {"NCCL_DEBUG_FILE", "NCCL_COMM_ID", "NCCL_HOSTID", "MASTER_ADDR",
                 "LOCAL_RANK", "WORLD_SIZE"}
 
 
-def env_error(name: str, value: str) -> str | None:
-    """Why NAME=VALUE is not allowed in a config, or None when it is."""
+def env_name_error(name: str) -> str | None:
+    """Why NAME may not be set by a config, whatever its value, or None when it may."""
     if name in WORKER_OWNED:
         return f"{name} is set by the worker, not by a config"
-    validator = ENV_VALIDATORS.get(name)
-    if validator is None:
+    if name not in ENV_VALIDATORS:
         if not name.startswith(ENV_PREFIXES) or not re.fullmatch(r"[A-Z0-9_]{1,64}", name):
-            return f"{name} is not an allowed variable (allowed: {sorted(ENV_VALIDATORS)} and other NCCL_*/RCCL_*)"
+            shown = escaped(name if len(name) <= 80 else name[:77] + "...")
+            return f"{shown} is not an allowed variable (allowed: {sorted(ENV_VALIDATORS)} and other NCCL_*/RCCL_*)"
         if ENV_DENY_RE.search(name):
             return f"{name} names a file or plugin and is not allowed"
+    return None
+
+
+def env_error(name: str, value: str) -> str | None:
+    """Why NAME=VALUE is not allowed in a config, or None when it is."""
+    if problem := env_name_error(name):
+        return problem
+    validator = ENV_VALIDATORS.get(name)
     # ';' only where NCCL's per-function grammar is parsed in full below (values never reach a shell).
     if not SAFE_VALUE_RE.fullmatch(value.replace(";", "") if name in LIST_VARS else value):
         return f"{name}: value {value!r} has characters outside [A-Za-z0-9_.,:=+^-] or is over 256 long"
@@ -134,6 +144,7 @@ class ConfigBody(BaseModel):
     """A config as users write it (the JSON interface of configs)."""
 
     model_config = ConfigDict(extra="forbid")
+    _text = field_validator("*")(storable)
 
     name: str = "custom"
     env: dict[str, str] = Field(default_factory=dict)
@@ -207,7 +218,10 @@ def resolve(ref: dict[str, Any]) -> ConfigBody:
     if not isinstance(ref, dict):
         raise ValueError("a config must be an object")
     overrides = {k: v for k, v in ref.items() if k != "preset"}
-    base = preset(ref.get("preset", "default")).model_dump()
+    name = ref.get("preset", "default")
+    if not isinstance(name, str):
+        raise ValueError(f"preset must be the name of one, as a string; presets: {sorted(PRESETS)}")
+    base = preset(name).model_dump()
     if "name" not in overrides and "preset" not in ref:
         base["name"] = "custom"
     merged = {**base, **overrides}

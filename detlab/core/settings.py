@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,6 +37,11 @@ class Settings(BaseSettings):
     max_world_size: int = 64
     max_steps: int = 100_000
     max_repeats: int = 20
+    # A job's runs × world size × steps (cells for collectives): what it would occupy the workers with.
+    max_rank_steps: int = 5_000_000
+    # Worker: gloo ranks it starts per CPU core (small CPU workloads share a core well; W=64 on 2 cores does
+    # not). It reports cores × this in its heartbeat; the server refuses larger world sizes on its queue.
+    cpu_ranks_per_core: int = Field(default=4, ge=1, le=64)
 
     @model_validator(mode="after")
     def _refuse_insecure_distributed(self) -> Settings:

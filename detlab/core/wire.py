@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
 from detlab.core.configs import TorchFlags
+from detlab.core.text import storable
 from detlab.core.workloads import WorkloadInfo
 
 INT32 = 2**31 - 1  # an Integer column
@@ -52,9 +53,11 @@ LossBits = Annotated[str, Field(pattern=r"^(?:[0-9a-f]{8}){0,2}$")]  # float32 b
 
 
 class Wire(BaseModel):
-    """Base of every wire model: unknown keys are refused, so a misspelt field is an error, not a default."""
+    """Base of every wire model: unknown keys are refused, so a misspelt field is an error, not a default;
+    every string, dict keys included, is storable text (no NUL, no lone surrogate: detlab.core.text)."""
 
     model_config = ConfigDict(extra="forbid")
+    _text = field_validator("*")(storable)
 
 
 def explain(exc: ValidationError, root: str = "value") -> str:
@@ -270,10 +273,30 @@ class RunStatus(Wire):
     status: str
 
 
+class WorkerCapacity(Wire):
+    """How many ranks of one run a worker can launch: one GPU each (nccl), or a share of its CPU cores (gloo)."""
+
+    device: Literal["cuda", "cpu"]  # where its ranks run
+    gpus: int = Field(ge=0, le=MAX_WORLD_SIZE)
+    cpu_cores: int = Field(ge=1, le=1 << 16)
+    ranks_per_core: int = Field(default=1, ge=1, le=64)  # gloo ranks it starts per core (DETLAB_CPU_RANKS_PER_CORE)
+
+    @property
+    def max_world_size(self) -> int:
+        return self.gpus if self.device == "cuda" else self.cpu_cores * self.ranks_per_core
+
+    def describe(self) -> str:
+        """The limit in words, e.g. `8 GPUs (nccl)` or `8 gloo ranks (2 CPU cores × 4 ranks per core)`."""
+        if self.device == "cuda":
+            return f"{self.gpus} GPU{'s' if self.gpus != 1 else ''} (nccl)"
+        return f"{self.max_world_size} gloo ranks ({self.cpu_cores} CPU cores × {self.ranks_per_core} ranks per core)"
+
+
 class WorkerInfo(Wire):
     """What a worker offers, sent with every heartbeat (the server need not have its workloads installed)."""
 
     workloads: list[WorkloadInfo] = Field(default_factory=list, max_length=256)
+    capacity: WorkerCapacity | None = None  # None: a worker that does not say (the server checks nothing)
 
 
 class Heartbeat(Wire):
@@ -287,4 +310,9 @@ class Heartbeat(Wire):
 
 
 class HeartbeatAck(Wire):
+    """`stop`: the run the heartbeat named is no longer this worker's to execute (cancelled, finished, or
+    another attempt owns it): kill its ranks now; `reason` says why."""
+
     ok: bool
+    stop: bool = False
+    reason: str | None = Field(default=None, max_length=1024)

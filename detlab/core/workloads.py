@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from detlab.core.text import StorableText
+
 GROUP = "detlab.workloads"
 
 
 class WorkloadInfo(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
-    description: str = Field(default="", max_length=500)
+    description: StorableText = Field(default="", max_length=500)  # kept in workers.info (json)
     global_batch: int = Field(ge=1, le=1 << 20)
     default_steps: int = Field(ge=1, le=1_000_000)
 

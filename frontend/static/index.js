@@ -330,7 +330,7 @@
       el("td", { className: "num", text: train ? job.steps ?? "" : "" }),
       el("td", { className: "num", text: job.repeats ?? "" }),
       el("td", {}, badge(job.status)),
-      el("td", {}, badge(job.verdict, job.status === "failed" || !train ? "—" : "pending")),
+      el("td", {}, badge(job.verdict, ["failed", "cancelled"].includes(job.status) || !train ? "—" : "pending")),
       el("td", { className: "muted", text: formatTime(job.created_at) })
     );
   }

@@ -11,12 +11,14 @@
   const RESULT_RETRIES = 10; // a succeeded job's results may land a moment after its status
   const ERROR_TAIL_LINES = 15;
   const MANY_RUNS = 12;
-  const FINISHED = new Set(["succeeded", "failed"]);
+  const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
+  const CANCELLABLE = new Set(["queued", "running"]);
   const PLOTLY_CONFIG = { responsive: true, displaylogo: false };
 
   const { API, $, el, getJSON, setRows, sleep, pct, badge, formatTime, configLabel } = window.detlab;
   const kinds = new Map(); // job kind -> its view: {runsHead, describe(job), load(job), running?(job)}
   let runsFolded = false; // fold a long runs list once, then leave it to the user
+  let shown = null; // the job as last rendered (the Cancel button acts on it)
 
   function showLoadError(message) {
     const box = $("load-error");
@@ -60,9 +62,14 @@
   // ---- job and runs --------------------------------------------------------------------------
 
   function renderJob(job, view) {
+    shown = job;
     document.title = `detlab · job #${job.id}`;
     $("job-title").textContent = `Job #${job.id} · ${job.kind}`;
     $("job-status").replaceChildren(badge(job.status));
+    $("cancel-job").hidden = !CANCELLABLE.has(job.status);
+    // No live worker on the job's queue: it waits, and the page says so rather than a silent "queued".
+    $("queue-note").textContent = job.queue_note ? `Waiting: ${job.queue_note}.` : "";
+    $("queue-note").hidden = !job.queue_note;
     $("runs-steps-head").textContent = view.runsHead;
     const { facts, extent = [] } = view.describe(job);
     $("job-meta").textContent = [
@@ -103,6 +110,28 @@
     for (const pre of $("runs").querySelectorAll("pre.error-tail")) pre.scrollTop = pre.scrollHeight;
   }
 
+  // ---- cancel --------------------------------------------------------------------------------
+
+  async function cancelJob() {
+    const job = shown;
+    if (!job || !window.confirm(`Cancel job #${job.id}? Its ranks are killed; what they recorded is kept.`)) return;
+    const button = $("cancel-job");
+    button.disabled = true;
+    try {
+      const response = await fetch(`${API}/jobs/${job.id}/cancel`, { method: "POST", headers: { Accept: "application/json" } });
+      const body = await response.json().catch(() => ({}));
+      if (!response.ok) {
+        const detail = typeof body.detail === "string" ? body.detail : `HTTP ${response.status}`;
+        showLoadError(`Could not cancel the job: ${detail}`);
+      }
+      // The page's poll shows the cancelled status and the result of what was recorded.
+    } catch (err) {
+      showLoadError(`Could not cancel the job: ${err.message}`);
+    } finally {
+      button.disabled = false;
+    }
+  }
+
   // ---- polling -------------------------------------------------------------------------------
 
   async function poll(jobId) {
@@ -134,6 +163,7 @@
   }
 
   function start() {
+    $("cancel-job").addEventListener("click", cancelJob);
     const match = window.location.pathname.match(/\/jobs\/(\d+)\/?$/);
     if (match) {
       poll(match[1]);

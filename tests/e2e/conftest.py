@@ -77,7 +77,7 @@ class Stack:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = httpx.get(f"{self.url}/api/v1/jobs/{job_id}", timeout=10).json()
-            if job["status"] in ("succeeded", "failed"):
+            if job["status"] in ("succeeded", "failed", "cancelled"):
                 return job
             time.sleep(0.5)
         raise TimeoutError(f"job {job_id} did not finish in {timeout} s\n{self.logs()}")

@@ -125,3 +125,39 @@ def test_collective_job_page_shows_cells_charts_and_the_gloo_note(embedded: Stac
         assert errors == []
         page.screenshot(path=str(screenshot_dir(tmp_path) / "collective.png"), full_page=True)
         browser.close()
+
+
+def test_the_cancel_button_stops_a_running_job_and_the_page_shows_it_cancelled(embedded: Stack,
+                                                                                tmp_path: Path) -> None:
+    job = embedded.submit({"workload": "mlp", "steps": 100_000, "world_size": 2, "configs": [{"preset": "default"}]})
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.accept()))
+        page.goto(f"{embedded.url}/jobs/{job['id']}")
+        expect(page.locator("#job-status")).to_have_text("running", timeout=60_000)
+        expect(page.locator("#queue-note")).to_be_hidden()  # the embedded worker is alive
+        page.click("#cancel-job")
+        expect(page.locator("#job-status")).to_have_text("cancelled", timeout=15_000)
+        expect(page.locator("#runs tbody tr").first).to_contain_text("cancelled while running")
+        expect(page.locator("#cancel-job")).to_be_hidden()
+        assert dialogs == [f"Cancel job #{job['id']}? Its ranks are killed; what they recorded is kept."]
+        assert errors == []
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "cancelled.png"), full_page=True)
+        browser.close()
+
+
+def test_a_job_on_a_queue_without_a_worker_says_so_on_its_page(embedded: Stack, tmp_path: Path) -> None:
+    job = embedded.submit({"workload": "mlp", "steps": 2, "world_size": 1, "configs": [{"preset": "default"}],
+                           "queue": "nobody"})
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page()
+        page.goto(f"{embedded.url}/jobs/{job['id']}")
+        expect(page.locator("#queue-note")).to_contain_text("no worker has ever been seen on queue 'nobody'")
+        expect(page.locator("#cancel-job")).to_be_visible()  # queued: it can be cancelled
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "no-worker.png"))
+        browser.close()

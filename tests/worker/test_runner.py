@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from detlab.core.wire import RankSpec, RunSpec, StepRecord
 from detlab.worker import launch, runner
 from detlab.worker.client import BadSpec
-from detlab.worker.launch import RankFailed, RanksTimedOut, SpoolReader, launch_ranks, torchrun_env
+from detlab.worker.launch import RankFailed, RanksStopped, RanksTimedOut, SpoolReader, launch_ranks, torchrun_env
 from detlab.worker.runner import child_env
 
 DIGEST = "fp1:" + "0" * 32
@@ -77,6 +78,12 @@ with open(Path(spec.spool_dir) / f"rank{rank}.jsonl", "a") as f:
         sys.exit(3)
     if behaviour == "hang":
         time.sleep(60)
+if behaviour.startswith("spawn"):  # a child of its own, as a data-loader worker or a compiler would be
+    import subprocess
+    child = subprocess.Popen(["sleep", "60"])
+    (Path(spec.spool_dir) / f"child{rank}.pid").write_text(str(child.pid))
+    if behaviour == "spawn-and-wait":
+        time.sleep(60)
 """
 
 
@@ -122,6 +129,60 @@ def test_launcher_kills_ranks_that_make_no_progress(fake_rank: Path) -> None:
         launch_ranks(rank_spec(2), fake_rank, env=env_for("hang", fake_rank.parent), on_records=got.extend,
                      hang_timeout_s=4.0, poll_s=0.05)
     assert len(got) == 2  # the records written before the hang were handed on
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a killed one waiting to be reaped does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def survivors(pids: list[int], within_s: float = 5.0) -> list[int]:
+    """The processes still running after `within_s` (a SIGKILL lands a moment after it is sent)."""
+    deadline = time.monotonic() + within_s
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def spawned(folder: Path, world: int) -> list[int]:
+    return [int((folder / f"child{rank}.pid").read_text()) for rank in range(world)
+            if (folder / f"child{rank}.pid").exists()]
+
+
+def test_a_stop_kills_the_ranks_and_what_they_spawned_at_once(fake_rank: Path) -> None:
+    got: list[Any] = []
+    ranks: list[int] = []
+
+    def stop() -> str | None:
+        if len(spawned(fake_rank, 2)) < 2:
+            return None
+        ranks.extend(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and str(fake_rank) in
+                     Path(p, "cmdline").read_bytes().decode(errors="replace"))
+        return "run 7 is cancelled"
+
+    started = time.monotonic()
+    with pytest.raises(RanksStopped, match="run 7 is cancelled"):
+        launch_ranks(rank_spec(2), fake_rank, env=env_for("spawn-and-wait", fake_rank.parent), on_records=got.extend,
+                     poll_s=0.05, stop=stop)
+    assert time.monotonic() - started < 30  # the ranks sleep 60 s
+    assert len(ranks) == 2 and survivors(ranks + spawned(fake_rank, 2)) == []
+    assert sorted(r.rank for r in got) == [0, 1]  # what was handed on before the stop stays handed on
+
+
+def test_a_rank_that_exits_0_leaves_nothing_running(fake_rank: Path) -> None:
+    launch_ranks(rank_spec(2), fake_rank, env=env_for("spawn", fake_rank.parent), on_records=lambda records: None,
+                 poll_s=0.05)
+    children = spawned(fake_rank, 2)
+    assert len(children) == 2 and survivors(children) == []
+
+
+def test_the_capacity_a_cpu_worker_reports_is_its_cores_times_ranks_per_core() -> None:
+    capacity = launch.node_capacity("cpu", 3)
+    assert capacity.device == "cpu" and capacity.cpu_cores == len(os.sched_getaffinity(0))
+    assert capacity.max_world_size == 3 * capacity.cpu_cores
 
 
 def test_launcher_refuses_a_bad_environment_before_starting_any_rank(fake_rank: Path) -> None:

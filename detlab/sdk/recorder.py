@@ -1,0 +1,314 @@
+"""`detlab.Recorder`: fingerprints of a training loop's tensors, per step and rank, written to a directory.
+
+It writes what the built-in training ranks write (detlab.worker.ranks.train): per rank an `env` record, a
+`tensors` record and one `step` record per recorded step, so that the same comparison applies. The layout
+of the directory is in detlab.sdk.store; how digests are taken without stalling the loop, in
+detlab.sdk.digests.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from detlab.core.wire import EnvRecord, StepRecord, TensorInfo, TensorsRecord
+from detlab.sdk import identity, store
+from detlab.sdk import tensors as named_tensors
+from detlab.sdk.digests import Digester, Pending, read_scalar
+from detlab.sdk.spool import Spool
+
+if TYPE_CHECKING:
+    import torch
+
+    from detlab.sdk.identity import Identity
+
+
+def loss_bits(value: float | None) -> str:
+    """The loss's float32 bits as 8 hex digits, as the built-in ranks record them; "" without a loss."""
+    if value is None:
+        return ""
+    with np.errstate(over="ignore"):
+        return f"{int(np.float32(value).view(np.uint32)):08x}"
+
+
+def _drain_at_exit(ref: weakref.ReferenceType[Recorder]) -> Callable[[], None]:
+    def drain() -> None:
+        recorder = ref()
+        if recorder is not None:
+            recorder._drain()
+
+    return drain
+
+
+class Recorder:
+    """Records fp1 fingerprints of a model's tensors at every step, on every rank, into a directory.
+
+    >>> rec = detlab.Recorder(out="runs/a")
+    >>> for step in range(steps):
+    ...     ...                                  # forward, backward, optimizer.step()
+    ...     rec.step(step, model, loss=loss)
+    >>> rec.close()
+
+    Each rank (RANK/WORLD_SIZE/LOCAL_RANK from torchrun, or torch.distributed once initialised) writes
+    `out/rank<r>.jsonl`; rank 0 writes `out/run.json`. Compare two directories with `detlab compare A B`.
+
+    Options:
+      name, tags   stored in run.json.
+      every        record steps whose number is a multiple of `every` (`rec.step` is still called at each
+                   step; it measures the step time).
+      names        which tensors: glob pattern(s) on the recorded names, or a function of the name.
+      buffers      also the model's buffers (BatchNorm running statistics, ...).
+      optimizer    also this optimizer's per-parameter state (`fc1.weight.exp_avg`, ...).
+      grads        also the gradients the optimizer step consumes (`fc1.weight.grad`): call
+                   `rec.grads(step, model)` after `loss.backward()` and before `optimizer.step()`.
+      overwrite    replace a recording already in `out` instead of refusing to start.
+    """
+
+    def __init__(self, out: str | os.PathLike[str] | None = None, *, server: str | None = None,
+                 name: str | None = None, tags: Sequence[str] = (), every: int = 1,
+                 names: named_tensors.NameFilter = None, grads: bool = False,
+                 optimizer: torch.optim.Optimizer | None = None, buffers: bool = False,
+                 overwrite: bool = False) -> None:
+        if server is not None:
+            raise NotImplementedError("detlab.Recorder: online mode (server=) is not available yet; record to a "
+                                      "directory with out=DIR and compare directories with `detlab compare`")
+        if out is None:
+            raise TypeError("detlab.Recorder needs out=DIR, the directory to write the records to")
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"every must be a whole number of steps >= 1, got {every!r}")
+        if isinstance(tags, str):
+            raise TypeError("tags takes a list of strings, e.g. tags=['ci']")
+        import torch  # the SDK's one heavy import, here rather than at `import detlab`
+
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.out = Path(out)
+        self.name, self.tags, self.every = name, list(tags), every
+        self._keep = named_tensors.name_filter(names)
+        self._grads, self._buffers, self._optimizer = grads, buffers, optimizer
+        self._overwrite = overwrite
+        self._digester = Digester()
+        self._who: Identity | None = None
+        self._spool: Spool | None = None
+        self._manifest: store.Manifest | None = None
+        self._model: named_tensors.ModelTensors | None = None
+        self._kept: dict[str, bool] = {}  # the name filter's answers (asked once per name)
+        self._tensors: list[tuple[str, list[int], str]] | None = None
+        self._fixed: tuple[list[str], list[tuple[object, object]]] | None = None  # names, layout of the first step
+        self._grad_pending: tuple[int, named_tensors.Named, Pending] | None = None
+        self._last_step: int | None = None
+        self._last_call: float | None = None
+        self._closed = False
+        self.out.mkdir(parents=True, exist_ok=True)
+        # Records already handed to the writer reach the file even if the script never calls close().
+        self._atexit = _drain_at_exit(weakref.ref(self))
+        atexit.register(self._atexit)
+
+    # ---- the loop's calls ---------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (known from the first recorded step on; the launcher's RANK before)."""
+        return (self._who or identity.from_env()).rank
+
+    @property
+    def world_size(self) -> int:
+        """The run's world size (known from the first recorded step on; the launcher's WORLD_SIZE before)."""
+        return (self._who or identity.from_env()).world_size
+
+    def records(self, step: int) -> bool:
+        """Whether `step` is one that this recorder records (a multiple of `every`)."""
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a whole number >= 0, got {step!r}")
+        return step % self.every == 0
+
+    def grads(self, step: int, model: torch.nn.Module) -> None:
+        """Fingerprint the gradients of `step`: call after `loss.backward()` and before `optimizer.step()`
+        (the gradients the step consumes; the optimizer may change them, and zero_grad drops them). The
+        digests are queued now and written with `rec.step(step, ...)`. Needs `grads=True`."""
+        self._check_open()
+        if not self._grads:
+            raise ValueError("rec.grads() needs detlab.Recorder(..., grads=True)")
+        if not self.records(step):
+            return
+        self._begin(model)
+        found, lacking = self._tensors_of(model).gradients()
+        if lacking and not found:
+            raise ValueError(f"rec.grads({step}, model): no parameter has a gradient; call it after "
+                             "loss.backward() and before optimizer.step() / zero_grad()")
+        kept = self._filter(found)
+        self._grad_pending = (step, kept, self._digester.submit([t for _, t in kept]))
+
+    def step(self, step: int, model: torch.nn.Module, *, loss: Any = None) -> None:
+        """Record the state after `step`: call after `optimizer.step()`. `loss`: a scalar tensor or number
+        (recorded by its float32 bits), or None. Steps must increase; those not a multiple of `every` are
+        only timed. Digests are computed on the tensors' device and written in the background."""
+        self._check_open()
+        now = time.perf_counter()
+        seconds = now - self._last_call if self._last_call is not None else 0.0
+        self._last_call = now
+        if not self.records(step):
+            return
+        if self._last_step is not None and step <= self._last_step:
+            raise ValueError(f"rec.step({step}) after step {self._last_step}: step numbers must increase")
+        self._begin(model)
+        assert self._spool is not None and self._who is not None
+        state = self._state(model)
+        recorded = state
+        grad_digests = None
+        if self._grads:
+            pending = self._grad_pending
+            if pending is None or pending[0] != step:
+                raise ValueError(f"grads=True but step {step} has no gradients: call rec.grads({step}, model) "
+                                 "after loss.backward() and before optimizer.step()")
+            recorded = state + pending[1]
+            grad_digests = pending[2]
+            self._grad_pending = None
+        self._check_tensors(step, recorded)
+        digests = self._digester.submit([t for _, t in state])
+        read_loss = read_scalar(loss)
+        rank = self._who.rank
+
+        def record() -> StepRecord:
+            from detlab.worker import fingerprint as fp
+
+            found = digests.result() + (grad_digests.result() if grad_digests is not None else [])
+            packed = b"".join(fp.digest_to_bytes(d) for d in found)
+            value = read_loss()
+            return StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION,
+                              model_digest=fp.fingerprint_bytes(packed), digests=packed.hex(),
+                              loss_bits=loss_bits(value),
+                              loss=value if value is not None and math.isfinite(value) else None,
+                              step_time_s=max(seconds, 0.0))
+
+        self._spool.put(record)
+        self._last_step = step
+
+    def close(self) -> None:
+        """Write every queued record and mark the run finished (rank 0). Idempotent."""
+        self._finish("finished")
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._finish("finished" if kind is None else "failed")
+
+    # ---- internals ----------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this detlab.Recorder is closed; make a new one for another run")
+        if self._spool is not None:
+            self._spool.check()
+
+    def _tensors_of(self, model: torch.nn.Module) -> named_tensors.ModelTensors:
+        if self._model is None or self._model.model is not model:
+            self._model = named_tensors.ModelTensors(model)
+        return self._model
+
+    def _filter(self, named: named_tensors.Named) -> named_tensors.Named:
+        kept = self._kept
+        for n, _ in named:
+            if n not in kept:
+                kept[n] = bool(self._keep(n))
+        return [(n, t) for n, t in named if kept[n]]
+
+    def _state(self, model: torch.nn.Module) -> named_tensors.Named:
+        found = self._tensors_of(model)
+        named = found.parameters()
+        if self._buffers:
+            named = named + found.buffers()
+        if self._optimizer is not None:
+            named = named + found.optimizer_state(self._optimizer)
+        return self._filter(named)
+
+    def _check_tensors(self, step: int, recorded: named_tensors.Named) -> None:
+        """The first recorded step fixes the tensor list (the order of every step's digests)."""
+        names, layout = [n for n, _ in recorded], named_tensors.layout(recorded)
+        if self._fixed is not None and self._fixed[0] == names and self._fixed[1] == layout:
+            return
+        described = named_tensors.describe(recorded)
+        if self._tensors is None:
+            if not described:
+                raise ValueError("no tensor to record: names= matched none of the model's tensors")
+            self._tensors, self._fixed = described, (names, layout)
+            infos = [TensorInfo(index=i, name=n, shape=s, dtype=d) for i, (n, s, d) in enumerate(described)]
+            record = TensorsRecord(tensors=infos)
+            assert self._spool is not None
+            self._spool.put(lambda: record)
+            return
+        before, now = {t[0]: t for t in self._tensors}, {t[0]: t for t in described}
+        gone, new = sorted(before.keys() - now.keys()), sorted(now.keys() - before.keys())
+        changed = sorted(n for n in before.keys() & now.keys() if before[n] != now[n])
+        raise ValueError(f"the recorded tensors changed at step {step} (missing: {gone[:5]}, new: {new[:5]}, "
+                         f"other shape or dtype: {changed[:5]}); every step must record the tensors of the "
+                         "first recorded one (optimizer state appears at the first optimizer.step(): record "
+                         "after it)")
+
+    def _begin(self, model: torch.nn.Module) -> None:
+        """At the first recorded call: who this process is, its file, its env record, the manifest."""
+        if self._spool is not None:
+            return
+        import torch
+
+        from detlab.worker import fingerprint as fp
+
+        who = identity.current()
+        path = store.rank_path(self.out, who.rank)
+        try:
+            self._spool = Spool(path, overwrite=self._overwrite)
+        except FileExistsError:
+            raise FileExistsError(f"{path} exists: {self.out} already holds a recording; record into a new "
+                                  "directory, delete this one, or pass overwrite=True") from None
+        self._who = who
+        if who.rank == 0:
+            if self._overwrite:
+                for rank, stale in store.rank_files(self.out).items():
+                    if rank >= who.world_size:
+                        stale.unlink(missing_ok=True)
+            self._manifest = store.Manifest(name=self.name, tags=self.tags, world_size=who.world_size,
+                                            fp_version=fp.FP_VERSION, every=self.every, started=store.now())
+            store.write_manifest(self.out, self._manifest)
+        first = next(iter(self._tensors_of(model).parameters()), (None, None))[1]
+        device = first.device if first is not None else torch.device("cpu")
+        backend = identity.backend()
+        self._spool.put(lambda: self._env_record(who, device, backend))
+
+    @staticmethod
+    def _env_record(who: Identity, device: torch.device, backend: str | None) -> EnvRecord:
+        # Runs on the writer thread: nvidia-smi stays off the loop.
+        from detlab.worker.ranks.train import env_record
+
+        record = env_record(who.rank, device, backend or "")
+        return record.model_copy(update={"backend": backend})  # None: no process group
+
+    def _drain(self) -> None:
+        if self._spool is not None and not self._closed:
+            try:
+                self._spool.close()
+            except RuntimeError:
+                pass  # at interpreter exit there is no one left to tell
+
+    def _finish(self, status: Literal["finished", "failed"]) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._atexit)
+        if self._spool is None:
+            return
+        try:
+            self._spool.close()
+        finally:
+            if self._manifest is not None:
+                self._manifest = self._manifest.model_copy(update={"status": status, "finished": store.now()})
+                store.write_manifest(self.out, self._manifest)

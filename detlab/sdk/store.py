@@ -1,0 +1,153 @@
+"""A record directory, as the SDK writes it and `detlab compare` reads it: no torch.
+
+    DIR/run.json       the run's manifest (rank 0 writes it): name, tags, world size, fp version, status
+    DIR/rank<r>.jsonl  one wire record (detlab.core.wire) per line, written by rank r: its `env` record,
+                       its `tensors` record (index -> name, shape, dtype), then one `step` record per
+                       recorded step, appended and flushed as they come
+
+`load_run` turns a directory into the comparison's `RunData`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from detlab.core.train import RunData, StepData
+from detlab.core.wire import MAX_WORLD_SIZE, RECORD, EnvRecord, StepRecord, TensorsRecord, TrialRecord, explain
+
+MANIFEST = "run.json"
+RANK_FILE = re.compile(r"^rank(0|[1-9][0-9]*)\.jsonl$")
+# What the comparison calls the workload of every SDK run: their tensor lists are what must match.
+WORKLOAD = "sdk"
+
+
+class RecordsError(ValueError):
+    """A record directory that cannot be read; the message names the path and what to do."""
+
+
+class Manifest(BaseModel):
+    """run.json: what the run is and whether it closed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["detlab-records/1"] = "detlab-records/1"
+    name: str | None = Field(default=None, max_length=255)
+    tags: list[str] = Field(default_factory=list, max_length=64)
+    world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
+    fp_version: str
+    every: int = Field(ge=1)
+    # running: started, not closed (still going, or crashed); failed: closed by an exception
+    status: Literal["running", "finished", "failed"] = "running"
+    started: datetime
+    finished: datetime | None = None
+
+
+def rank_path(out: Path, rank: int) -> Path:
+    """Where rank `rank` writes its records."""
+    return out / f"rank{rank}.jsonl"
+
+
+def now() -> datetime:
+    """The manifest's clock: UTC."""
+    return datetime.now(UTC)
+
+
+def write_manifest(out: Path, manifest: Manifest) -> None:
+    """Replace run.json atomically (a reader never sees half a manifest)."""
+    tmp = out / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(manifest.model_dump_json(indent=2) + "\n")
+    tmp.replace(out / MANIFEST)
+
+
+def read_manifest(out: Path) -> Manifest:
+    """run.json of a record directory; RecordsError when it is missing or not a manifest."""
+    path = out / MANIFEST
+    if not out.is_dir():
+        what = "not a directory" if out.exists() else "no such directory"
+        raise RecordsError(f"{out}: {what}; give a directory that detlab.Recorder(out=...) wrote")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecordsError(f"{out}: not a detlab record directory (no {MANIFEST}); give a directory that "
+                           "detlab.Recorder(out=...) wrote") from None
+    except OSError as exc:
+        raise RecordsError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return Manifest.model_validate_json(text)
+    except ValidationError as exc:
+        raise RecordsError(f"{path}: not a detlab run manifest: {explain(exc)}") from None
+
+
+def rank_files(out: Path) -> dict[int, Path]:
+    """rank -> its record file, for the rank files present."""
+    try:
+        return {int(m.group(1)): p for p in out.iterdir() if (m := RANK_FILE.match(p.name))}
+    except OSError as exc:
+        raise RecordsError(f"{out}: cannot list: {exc.strerror or exc}") from None
+
+
+Line = EnvRecord | TensorsRecord | StepRecord | TrialRecord
+
+
+def read_records(path: Path) -> Iterator[Line]:
+    """The records of one rank file. A last line cut short (the rank died while writing it) is skipped;
+    any other bad line is an error naming the file and line."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RecordsError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield RECORD.validate_json(line)
+        except ValidationError as exc:
+            if number == len(lines):  # no newline after it: a torn write
+                return
+            raise RecordsError(f"{path}:{number}: not a detlab record: {explain(exc)}") from None
+
+
+def load_run(out: Path, run_id: int = 1) -> RunData:
+    """A record directory as the comparison's RunData (run `run_id` in the verdict's messages)."""
+    manifest = read_manifest(out)
+    files = rank_files(out)
+    outside = sorted(r for r in files if r >= manifest.world_size)
+    if outside:
+        raise RecordsError(f"{out}: rank file(s) {outside} lie outside the run's world size "
+                           f"{manifest.world_size}; the directory mixes recordings: record into a fresh one")
+    tensors: dict[int, list[tuple[str, list[int], str]]] = {}
+    records: dict[tuple[int, int], StepData] = {}
+    versions: set[str] = set()
+    for rank, path in sorted(files.items()):
+        for rec in read_records(path):
+            if isinstance(rec, TensorsRecord):
+                tensors[rank] = [(t.name, list(t.shape), t.dtype) for t in rec.tensors]
+            elif isinstance(rec, StepRecord):
+                if rec.rank != rank:
+                    raise RecordsError(f"{path}: holds a step record of rank {rec.rank}; each rank writes its own file")
+                if (rec.step, rank) in records:
+                    raise RecordsError(f"{path}: step {rec.step} is recorded twice; the directory mixes "
+                                       "recordings: record into a fresh one")
+                records[(rec.step, rank)] = StepData(digests=bytes.fromhex(rec.digests), loss=rec.loss,
+                                                     step_time_s=rec.step_time_s, model_digest=rec.model_digest)
+                versions.add(rec.fp_version)
+    distinct = {tuple((n, tuple(s), d) for n, s, d in v) for v in tensors.values()}
+    if len(distinct) > 1:
+        raise RecordsError(f"{out}: ranks {sorted(tensors)} recorded {len(distinct)} different tensor lists; "
+                           "only replicated (DDP-style) models compare rank by rank today")
+    for step_rank in records:
+        if step_rank[1] not in tensors:
+            raise RecordsError(f"{rank_path(out, step_rank[1])}: has step records but no tensors record")
+    status = {"finished": "succeeded", "failed": "failed (closed by an exception)",
+              "running": "did not close (crashed, still running, or rec.close() was not called)"}[manifest.status]
+    return RunData(run_id=run_id, workload=WORKLOAD, world_size=manifest.world_size,
+                   tensors=next(iter(tensors.values()), []), records=records,
+                   fp_versions=versions or {manifest.fp_version}, status=status)

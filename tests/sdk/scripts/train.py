@@ -1,0 +1,82 @@
+"""A plain-PyTorch training script that uses only what docs/sdk.md shows: one process, or DDP over gloo
+under `torchrun --nproc-per-node N`. Deterministic on CPU: seeded model and data, a fixed global batch
+split over the ranks, one thread per rank.
+
+Usage: python train.py OUT [--steps N] [--every N] [--names GLOB ...] [--grads] [--buffers] [--optimizer-state]
+
+For the tests only: DETLAB_TEST_FLIP=STEP:RANK:TENSOR moves one element of TENSOR (a parameter, or with
+`.grad` its gradient before the optimizer step, or a buffer) by one ulp on RANK at STEP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import detlab
+
+GLOBAL_BATCH = 16
+
+
+def flip(tensor: torch.Tensor) -> None:
+    with torch.no_grad():
+        first = tensor.view(-1)[:1]
+        first.copy_(torch.nextafter(first, torch.full_like(first, float("inf"))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--every", type=int, default=1)
+    parser.add_argument("--names", nargs="*")
+    parser.add_argument("--grads", action="store_true")
+    parser.add_argument("--buffers", action="store_true")
+    parser.add_argument("--optimizer-state", action="store_true")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 1))
+    net = DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    fault = os.environ.get("DETLAB_TEST_FLIP")
+    flip_step, flip_rank, flip_name = (fault.split(":") if fault else ("-1", "-1", ""))
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+    rec = detlab.Recorder(out=args.out, every=args.every, names=args.names, grads=args.grads,
+                          buffers=args.buffers, optimizer=opt if args.optimizer_state else None)
+    share = GLOBAL_BATCH // world
+    for step in range(args.steps):
+        data = torch.Generator().manual_seed(1000 + step)
+        x = torch.randn(GLOBAL_BATCH, 8, generator=data)[rank * share : (rank + 1) * share]
+        y = x.sum(dim=1, keepdim=True)
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        here = step == int(flip_step) and rank == int(flip_rank)
+        if here and flip_name.endswith(".grad"):
+            flip(state[flip_name.removesuffix(".grad")].grad)
+        if args.grads:
+            rec.grads(step, net)
+        opt.step()
+        if here and not flip_name.endswith(".grad"):
+            flip(state[flip_name])
+        rec.step(step, net, loss=loss)
+    rec.close()
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Every example in docs/sdk.md runs as written: the blocks that start with `# <file name>` are saved
+under that name in a fresh directory and run there, with this environment's python, torchrun and detlab."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from detlab.sdk import load_run
+from tests.conftest import ROOT
+
+DOC = ROOT / "docs" / "sdk.md"
+BLOCK = re.compile(r"```(?:python|bash)\n# ([\w.-]+)[^\n]*\n(.*?)```", re.S)
+
+
+def examples() -> dict[str, str]:
+    found = {name: f"# {name}\n{body}" for name, body in BLOCK.findall(DOC.read_text())}
+    assert set(found) == {"train.py", "train_options.py", "train_ddp.py", "ddp.sh", "ci.sh"}
+    return found
+
+
+def save(workdir: Path) -> Path:
+    for name, code in examples().items():
+        (workdir / name).write_text(code)
+    return workdir
+
+
+def run(workdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = str(Path(sys.executable).parent)  # python, torchrun and detlab of this environment
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    return subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_ci_gate_passes_on_two_runs_of_the_plain_loop(tmp_path: Path) -> None:
+    done = run(save(tmp_path), "bash", "ci.sh")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "identical: 20 steps x 1 rank(s) x 4 tensors equal"
+
+
+def test_the_ci_gate_fails_when_the_second_run_differs(tmp_path: Path) -> None:
+    train = save(tmp_path) / "train.py"
+    assert "torch.manual_seed(0)" in train.read_text()
+    train.write_text(train.read_text().replace("torch.manual_seed(0)", "torch.manual_seed(sys.argv[1] == 'runs/b')"))
+    done = run(tmp_path, "bash", "ci.sh")
+    assert done.returncode == 1
+    assert done.stdout.startswith("diverged at step 0 on rank(s) 0: 0.weight, 0.bias, 2.weight, 2.bias;")
+
+
+def test_the_options_example_records_what_its_options_name(tmp_path: Path) -> None:
+    done = run(save(tmp_path), "python", "train_options.py", "runs/a")
+    assert done.returncode == 0, done.stderr[-2000:]
+    recorded = load_run(tmp_path / "runs" / "a")
+    assert recorded.steps() == [0, 5, 10, 15]
+    assert [name for name, _, _ in recorded.tensors] == [
+        "0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var", "1.num_batches_tracked",
+        "0.weight.exp_avg", "0.weight.exp_avg_sq", "0.weight.step", "0.bias.exp_avg", "0.bias.exp_avg_sq",
+        "0.bias.step", "1.weight.exp_avg", "1.weight.exp_avg_sq", "1.weight.step", "1.bias.exp_avg",
+        "1.bias.exp_avg_sq", "1.bias.step", "0.weight.grad", "0.bias.grad", "1.weight.grad", "1.bias.grad"]
+    manifest = json.loads((tmp_path / "runs" / "a" / "run.json").read_text())
+    assert (manifest["name"], manifest["tags"], manifest["every"]) == ("options", ["docs"], 5)
+
+
+def test_the_torchrun_example_gives_identical_runs_of_two_ranks(tmp_path: Path) -> None:
+    done = run(save(tmp_path), "bash", "ddp.sh")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "identical: 20 steps x 2 rank(s) x 4 tensors equal"
+    assert sorted(p.name for p in (tmp_path / "runs" / "ddp-a").iterdir()) == ["rank0.jsonl", "rank1.jsonl", "run.json"]

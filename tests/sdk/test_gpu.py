@@ -1,0 +1,48 @@
+"""On CUDA: the recorder's asynchronous digests are those of the tensors as they were at the call, even when
+the loop changes them in place right after it on a busy stream (run on a GPU machine; skipped elsewhere)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import detlab
+from detlab.worker.fingerprint import fingerprint_many
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_async_digests_are_of_the_tensors_at_the_call(tmp_path: Path) -> None:
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    busy = torch.randn(4096, 4096, device=dev)
+    expected = {}
+    with detlab.Recorder(out=tmp_path / "a", grads=True, optimizer=opt) as rec:
+        for step in range(6):
+            loss = model(torch.randn(64, 512, device=dev)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            grads = [p.grad for p in model.parameters()]
+            want_grads = fingerprint_many(grads)
+            busy @ busy  # the stream is busy: the recorder's launch is still waiting when the next line runs
+            rec.grads(step, model)
+            for g in grads:
+                g.mul_(0.5)  # queued after rec.grads: must not be seen
+            opt.step()
+            state = [*model.parameters(), *(v for p in model.parameters() for _, v in sorted(opt.state[p].items()))]
+            expected[step] = fingerprint_many(state) + want_grads
+            busy @ busy
+            rec.step(step, model, loss=loss)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)  # queued after rec.step: must not be seen
+    records = [json.loads(line) for line in (tmp_path / "a" / "rank0.jsonl").read_text().splitlines()]
+    assert records[0]["fingerprint_impl"] == "triton"
+    got = {r["step"]: ["fp1:" + r["digests"][i : i + 32] for i in range(0, len(r["digests"]), 32)]
+           for r in records if r["type"] == "step"}
+    assert got == expected

@@ -1,0 +1,115 @@
+"""The worker's ingest client against a live API on loopback (uvicorn in a thread, SQLite): a batch of
+records over the API's body cap is split until it fits, and every record is stored once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from detlab.core.settings import Settings
+from detlab.core.wire import StepRecord, TensorInfo, TensorsRecord
+from detlab.worker.client import IngestClient, TooLarge
+from tests.conftest import free_port
+
+TOKEN = "t" * 32
+CAP = 64 * 1024  # the API's body cap in this test: a few dozen records of a 100-tensor model
+TENSORS = 100
+
+
+@pytest.fixture
+def engine(sqlite_url: str) -> Iterator[Engine]:
+    from detlab.backend.db import make_engine
+    from detlab.backend.models import Base
+
+    eng = make_engine(sqlite_url)
+    Base.metadata.create_all(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def api_url(engine: Engine, tmp_path: Path) -> Iterator[str]:
+    """The API with a small body cap, served by uvicorn on a free loopback port."""
+    import uvicorn
+
+    from detlab.backend.app import create_app
+    from detlab.backend.db import get_session
+    from detlab.core.settings import get_settings
+
+    settings = Settings(data_dir=tmp_path, ingest_token=TOKEN, max_body_bytes=CAP)
+    app = create_app(reconciler=False, settings=settings)
+    factory = sessionmaker(engine, expire_on_commit=False)
+
+    def session() -> Iterator[Session]:
+        with factory() as s:
+            yield s
+
+    app.dependency_overrides[get_session] = session
+    app.dependency_overrides[get_settings] = lambda: settings
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def claimed_run(engine: Engine, settings: Settings, client: IngestClient) -> tuple[int, int]:
+    from detlab.backend.schemas import JobCreate
+    from detlab.backend.services.jobs import create_job
+
+    with sessionmaker(engine)() as session:
+        body = {"workload": "mlp", "configs": [{}], "world_size": 2, "steps": 100}
+        run_id = create_job(session=session, data=JobCreate.model_validate(body), settings=settings,
+                            submitter=None).runs[0].id
+        session.commit()
+    return run_id, client.claim(run_id, "node:q").attempt
+
+
+def step(n: int, rank: int) -> StepRecord:
+    digests = "".join(f"{(n * 7 + rank * 3 + t) % 2**128:032x}" for t in range(TENSORS))
+    return StepRecord(step=n, rank=rank, fp_version="fp1", model_digest="fp1:" + "0" * 32, digests=digests,
+                      loss_bits="3f800000", loss=1.0, step_time_s=0.01)
+
+
+def stored_steps(engine: Engine, run_id: int) -> int:
+    from detlab.backend.models import StepRecord as StepRow
+
+    with sessionmaker(engine)() as session:
+        return session.scalar(select(func.count()).select_from(StepRow).where(StepRow.run_id == run_id)) or 0
+
+
+def test_a_batch_over_the_body_cap_is_split_and_every_record_stored(api_url: str, engine: Engine,
+                                                                    tmp_path: Path) -> None:
+    client = IngestClient(api_url, TOKEN, retries=0)
+    run_id, attempt = claimed_run(engine, Settings(data_dir=tmp_path), client)
+    tensors = TensorsRecord(tensors=[TensorInfo(index=i, name=f"layer{i}.weight", shape=[8, 8], dtype="float32")
+                                     for i in range(TENSORS)])
+    records = [tensors, *(step(n, rank) for n in range(1, 61) for rank in range(2))]
+    body = len(client._http.build_request("POST", "/", json={"attempt": attempt, "records": [
+        r.model_dump(mode="json") for r in records]}).content)
+    assert body > 4 * CAP  # the batch as one body is far over the cap
+
+    client.records(run_id, attempt, records)
+
+    assert stored_steps(engine, run_id) == 120
+
+
+def test_a_single_record_over_the_cap_is_an_error_that_says_so(api_url: str, engine: Engine, tmp_path: Path) -> None:
+    client = IngestClient(api_url, TOKEN, retries=0)
+    run_id, attempt = claimed_run(engine, Settings(data_dir=tmp_path), client)
+    huge = TensorsRecord(tensors=[TensorInfo(index=i, name=f"t{i}" * 60, shape=[1], dtype="float32")
+                                  for i in range(1000)])
+    with pytest.raises(TooLarge, match="413"):
+        client.records(run_id, attempt, [huge])
