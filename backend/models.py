@@ -104,6 +104,21 @@ class Job(Base):
         return verdict if isinstance(verdict, str) else None
 
 
+IDEMPOTENCY_KEY_LENGTH = 128
+
+
+class IdempotencyKey(Base):
+    """A client's `Idempotency-Key` on a job submission: a retry with the same key and body gets this job."""
+
+    __tablename__ = "idempotency_keys"
+
+    key: Mapped[str] = mapped_column(String(IDEMPOTENCY_KEY_LENGTH), primary_key=True)
+    # sha256 of the submitter and the parsed body: the same key with another body is refused.
+    body_hash: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
 class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (UniqueConstraint("job_id", "config_index", "repeat"),)

@@ -93,21 +93,40 @@ def torchrun_env(base: dict[str, str], rank: int, world_size: int, port: int, th
 
 @dataclass
 class SpoolReader:
-    """Reads complete new lines from the ranks' spool files (a torn last line waits for the rest)."""
+    """Reads complete new lines from the ranks' spool files (a torn last line waits for the rest), and notes
+    when each rank's spool last advanced and whether it has recorded a step (or a collective trial) yet."""
 
     folder: Path
     offsets: dict[Path, int] = field(default_factory=dict)
+    advanced_at: dict[int, float] = field(default_factory=dict)  # rank -> time.monotonic() of its last record
+    stepped: set[int] = field(default_factory=set)
 
     def read(self) -> list[Record]:
-        out = []
+        out: list[Record] = []
+        now = time.monotonic()
         for path in sorted(self.folder.glob("rank*.jsonl")):
             with path.open("rb") as f:
                 f.seek(self.offsets.get(path, 0))
                 data = f.read()
             end = data.rfind(b"\n") + 1
             self.offsets[path] = self.offsets.get(path, 0) + end
-            out += [RECORD.validate_json(line) for line in data[:end].splitlines() if line.strip()]
+            records = [RECORD.validate_json(line) for line in data[:end].splitlines() if line.strip()]
+            if records and path.stem.removeprefix("rank").isdigit():
+                rank = int(path.stem.removeprefix("rank"))
+                self.advanced_at[rank] = now
+                if any(r.type in ("step", "trial") for r in records):
+                    self.stepped.add(rank)
+            out += records
         return out
+
+
+def stalled_ranks(running: list[int], *, advanced_at: dict[int, float], stepped: set[int], started: float,
+                  now: float, hang_timeout_s: float, first_step_timeout_s: float) -> list[int]:
+    """The running ranks past their limit: `first_step_timeout_s` from the start until their first step (model
+    building, NCCL init and compiling come first), `hang_timeout_s` since their last record after it."""
+    return [r for r in running
+            if (now - advanced_at.get(r, started) > hang_timeout_s if r in stepped
+                else now - started > first_step_timeout_s)]
 
 
 def tail(path: Path, limit: int = 4000) -> str:
@@ -116,16 +135,34 @@ def tail(path: Path, limit: int = 4000) -> str:
     return data[-limit:].decode(errors="replace")
 
 
+def hang_error(stalled: list[int], progressing: list[int], folder: Path, limit_s: float) -> RanksTimedOut:
+    """Which ranks stopped making progress (all of them when none is `progressing`), and the end of their output
+    (the first few ranks' only)."""
+    ranks = ", ".join(map(str, stalled))
+    if progressing:
+        head = (f"rank{'s' if len(stalled) > 1 else ''} {ranks} made no progress for {limit_s:.0f} s while "
+                f"rank{'s' if len(progressing) > 1 else ''} {', '.join(map(str, progressing))} did; killed")
+    else:
+        head = f"no progress from any rank ({ranks}) for {limit_s:.0f} s; killed"
+    shown = stalled[:4]
+    tails = "".join(f"\nrank {r}'s output ends:\n{tail(folder / f'rank{r}.stderr', 4000 // len(shown))}"
+                    for r in shown)
+    return RanksTimedOut(head + tails)
+
+
 def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str, str]] = lambda _rank: dict(os.environ),
                  on_records: Callable[[list[Record]], None], hang_timeout_s: float | None = None,
+                 first_step_timeout_s: float | None = None,
                  timeout_s: float | None = None, poll_s: float = 0.2, tie_to_parent: bool = False,
                  stop: Callable[[], str | None] = lambda: None) -> None:
     """Run `spec.world_size` ranks of the spec's program in `folder` until all exit 0.
 
     `env(rank)` is the rank's environment before the torchrun variables. Records are handed to
     `on_records` as the ranks spool them, and what they wrote before a failure is handed on too. Raises
-    RankFailed (after killing the other ranks) when one exits non-zero, when no record came for
-    `hang_timeout_s`, or when the ranks run past `timeout_s`. `tie_to_parent`: ranks die with this process.
+    RankFailed (after killing the other ranks) when one exits non-zero, RanksTimedOut naming the ranks and
+    keeping their output's end when a running rank wrote no record for `hang_timeout_s` (for
+    `first_step_timeout_s`, by default the same, from the start until its first step), or when the ranks run
+    past `timeout_s`. `tie_to_parent`: ranks die with this process.
     `stop()` is asked every poll; a reason kills the ranks' process groups and raises RanksStopped (what they
     wrote after the last hand-on is not handed on: the run no longer takes records). Whatever ends the
     ranks, their process groups are killed before this returns.
@@ -143,12 +180,12 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
                                               env=envs[rank], stdout=err, stderr=subprocess.STDOUT,
                                               start_new_session=True,
                                               preexec_fn=die_with_parent if tie_to_parent else None))
-        started = last_progress = time.monotonic()
+        started = time.monotonic()
+        first_step_s = max(first_step_timeout_s or 0.0, hang_timeout_s) if hang_timeout_s is not None else None
         while True:
             records = reader.read()
             if records:
                 on_records(records)
-                last_progress = time.monotonic()
             if reason := stop():
                 raise RanksStopped(reason)
             codes = [p.poll() for p in procs]
@@ -161,8 +198,17 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
             if all(c == 0 for c in codes):
                 break
             now = time.monotonic()
-            if hang_timeout_s is not None and now - last_progress > hang_timeout_s:
-                failure = RanksTimedOut(f"no progress from any rank for {hang_timeout_s:.0f} s; killed")
+            running = [r for r, c in enumerate(codes) if c is None]
+            if hang_timeout_s is not None and first_step_s is not None and (stalled := stalled_ranks(
+                    running, advanced_at=reader.advanced_at, stepped=reader.stepped, started=started, now=now,
+                    hang_timeout_s=hang_timeout_s, first_step_timeout_s=first_step_s)):
+                # Ranks silent for half their limit hang with it (they wrote a poll or two later): named too.
+                quiet = stalled_ranks(running, advanced_at=reader.advanced_at, stepped=reader.stepped,
+                                      started=started, now=now, hang_timeout_s=hang_timeout_s / 2,
+                                      first_step_timeout_s=first_step_s / 2)
+                progressing = [r for r in running if r not in quiet]
+                limit = hang_timeout_s if stalled[0] in reader.stepped else first_step_s
+                failure = hang_error(stalled if progressing else quiet, progressing, folder, limit)
                 break
             if timeout_s is not None and now - started > timeout_s:
                 failure = RanksTimedOut(f"ranks still running after {timeout_s:.0f} s; killed")

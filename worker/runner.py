@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -27,6 +28,34 @@ POLL_S = 0.2
 # A log over this is cut to its head and tail: INIT facts sit at the top, the last TUNING lines at the end.
 LOG_CAP_BYTES = 8 << 20
 NCCL_DEBUG_DEFAULTS = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
+# A run's spool folder is `<tmp>/detlab-run<id>-*` holding this file with its worker's pid: the folder of a
+# worker that was killed (its ranks die with it) is removed by the next run on the host.
+SPOOL_PREFIX = "detlab-run"
+OWNER_FILE = "worker.pid"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def remove_dead_spools(root: Path | None = None) -> list[Path]:
+    """Remove spool folders under `root` (the temp dir) whose worker process is gone; returns them."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*"):
+        try:
+            pid = int((folder / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or being created this instant
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 @dataclass
@@ -86,7 +115,7 @@ def upload_logs(client: IngestClient, run_id: int, attempt: int, folder: Path, w
 
 
 def execute(run_id: int, *, client: IngestClient, worker: str, device: Literal["auto", "cpu", "cuda"] = "auto",
-            hang_timeout_s: float = 300.0) -> str:
+            hang_timeout_s: float = 300.0, first_step_timeout_s: float | None = None) -> str:
     """Run one run to completion; returns its final status ('skipped' when another owns it or it was cancelled
     before it started, 'stopped' when the server said to stop it while its ranks ran)."""
     try:
@@ -100,7 +129,7 @@ def execute(run_id: int, *, client: IngestClient, worker: str, device: Literal["
         return "failed"
     CURRENT.begin(run_id, spec.attempt)
     try:
-        status, error = _launch_and_stream(spec, client, device, hang_timeout_s)
+        status, error = _launch_and_stream(spec, client, device, hang_timeout_s, first_step_timeout_s)
         client.finish(run_id, spec.attempt, status, error)
         return status
     except RanksStopped as exc:  # the server has the run's status already: nothing to finish
@@ -116,17 +145,22 @@ def execute(run_id: int, *, client: IngestClient, worker: str, device: Literal["
 
 
 def _launch_and_stream(spec: RunSpec, client: IngestClient, device: Literal["auto", "cpu", "cuda"],
-                       hang_timeout_s: float) -> tuple[Literal["succeeded", "failed"], str | None]:
+                       hang_timeout_s: float, first_step_timeout_s: float | None,
+                       ) -> tuple[Literal["succeeded", "failed"], str | None]:
     def send(records: list[Record]) -> None:
         for i in range(0, len(records), BATCH):
             client.records(spec.run_id, spec.attempt, records[i : i + BATCH])
 
-    with tempfile.TemporaryDirectory(prefix=f"detlab-run{spec.run_id}-") as tmp:
+    for gone in remove_dead_spools():
+        log.info("removed the spool folder of a dead worker: %s", gone)
+    with tempfile.TemporaryDirectory(prefix=f"{SPOOL_PREFIX}{spec.run_id}-") as tmp:
         folder = Path(tmp)
+        (folder / OWNER_FILE).write_text(str(os.getpid()))
         failure: str | None = None
         try:
             launch_ranks(RankSpec.for_run(spec, device=device), folder, env=lambda rank: child_env(spec, rank, folder),
-                         on_records=send, hang_timeout_s=hang_timeout_s, poll_s=POLL_S, tie_to_parent=True,
+                         on_records=send, hang_timeout_s=hang_timeout_s,
+                         first_step_timeout_s=first_step_timeout_s, poll_s=POLL_S, tie_to_parent=True,
                          stop=lambda: CURRENT.stop_reason)
         except RankFailed as exc:
             failure = str(exc)

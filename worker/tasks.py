@@ -36,7 +36,7 @@ def ingest_client() -> IngestClient:
 def execute_run(self, run_id: int) -> str:  # type: ignore[no-untyped-def]
     settings = get_settings()
     return runner.execute(run_id, client=ingest_client(), worker=worker_name(), device=settings.device,
-                          hang_timeout_s=settings.hang_timeout_s)
+                          hang_timeout_s=settings.hang_timeout_s, first_step_timeout_s=settings.first_step_timeout_s)
 
 
 def _beat() -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, Header, HTTPException, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from detlab.backend.api.deps import CurrentUser, JobId, Limit, Offset, RankPath, RunId, SessionDep, SettingsDep
 from detlab.backend.figures import collective as collective_figures
@@ -25,8 +26,8 @@ from detlab.backend.schemas import (
     RunRead,
     TrainResult,
 )
-from detlab.backend.services import cancel, jobs
-from detlab.backend.services.dispatch import dispatch
+from detlab.backend.services import cancel, idempotency, jobs
+from detlab.backend.services.dispatch import send, undispatch
 from detlab.backend.services.settle import is_collective, job_result
 from detlab.backend.services.workers import queue_state
 from detlab.core import commlog
@@ -34,21 +35,55 @@ from detlab.core import commlog
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=201, response_model=JobRead)
-def submit_job(data: JobCreate, session: SessionDep, settings: SettingsDep, user: CurrentUser) -> JobRead:
+IdempotencyKeyHeader = Annotated[str | None, Header(
+    alias="Idempotency-Key", min_length=1, max_length=idempotency.MAX_KEY_LENGTH, pattern=r"^[!-~]+$",
+    description="any printable ASCII string: a retry with the same key and body within a day returns the "
+                "first job (200) and creates nothing; the same key with another body is a 422")]
+
+
+@router.post("", status_code=201, response_model=JobRead, responses={
+    200: {"model": JobRead, "description": "the job its Idempotency-Key was first sent with; nothing created"},
+    202: {"model": JobRead, "description": "stored; the broker is down, so its runs are sent by the reconciler "
+                                           "once it is back"}})
+def submit_job(data: JobCreate, session: SessionDep, settings: SettingsDep, user: CurrentUser, response: Response,
+               idempotency_key: IdempotencyKeyHeader = None) -> JobRead:
+    digest = idempotency.body_hash(data=data, submitter=user)
+    if idempotency_key and (first := _first_job(session, idempotency_key, digest)):
+        response.status_code = 200
+        return _read(session, settings, first)
     try:
         job = jobs.create_job(session=session, data=data, settings=settings, submitter=user)
+        if idempotency_key:
+            idempotency.remember(session=session, key=idempotency_key, digest=digest, job=job)
     except jobs.InvalidJob as exc:
         raise HTTPException(422, str(exc)) from exc
+    except IntegrityError:
+        # A twin request with the same key stored its job first: answer with that one.
+        session.rollback()
+        if idempotency_key and (first := _first_job(session, idempotency_key, digest)):
+            response.status_code = 200
+            return _read(session, settings, first)
+        raise
     runs = session.scalars(select(Run).where(Run.job_id == job.id).order_by(Run.id)).all()
     for run in runs:
-        run.dispatched_at = utcnow()
+        run.dispatched_at = utcnow()  # so the reconciler does not send them too while we do
     session.commit()
-    # Sent only after the commit; a send that fails leaves runs the reconciler will dispatch.
-    for run in runs:
-        dispatch(run.id, job.queue)
+    # Sent only after the commit. With the broker down the job is kept and the answer is 202: a client
+    # retrying a 500 would submit it twice. Runs not sent are marked so; the reconciler sends them.
+    unsent = send([(run.id, job.queue) for run in runs])
+    if unsent:
+        undispatch(session=session, run_ids=unsent)
+        session.commit()
+        response.status_code = 202
     session.refresh(job)
     return _read(session, settings, job)
+
+
+def _first_job(session: SessionDep, key: str, digest: str) -> Job | None:
+    try:
+        return idempotency.find_job(session=session, key=key, digest=digest)
+    except idempotency.KeyReused as exc:
+        raise HTTPException(422, str(exc)) from exc
 
 
 @router.get("", response_model=JobsPage)

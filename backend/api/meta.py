@@ -10,6 +10,7 @@ from sqlalchemy import text
 
 from detlab.backend.api.deps import SessionDep, SettingsDep
 from detlab.backend.reports import findings
+from detlab.backend.services.dispatch import broker_state
 from detlab.backend.services.jobs import MAX_SIZES, MAX_SWEEP_CELLS
 from detlab.backend.services.workers import known_workloads, live_workers
 from detlab.core import collective, configs
@@ -32,6 +33,7 @@ class WorkerBrief(BaseModel):
 class HealthRead(BaseModel):
     status: Literal["ok", "no worker", "unavailable"]
     database: str
+    broker: str = "not checked"
     workers: list[WorkerBrief] = []
 
 
@@ -91,16 +93,20 @@ def live(session: SessionDep) -> LiveRead:
 
 @router.get("/health", response_model=HealthRead, responses={503: {"model": HealthRead}})
 def health(session: SessionDep, settings: SettingsDep, response: Response) -> HealthRead:
-    """200 once the database answers and a worker has beaten recently; 503 with the reason otherwise."""
+    """200 once the database and the broker answer and a worker has beaten recently; 503 with the reason
+    otherwise. The broker check is one PING bounded by a 2 s timeout."""
     try:
         session.execute(text("SELECT 1"))
     except Exception as exc:  # noqa: BLE001 - any database failure means not ready
         response.status_code = 503
-        return HealthRead(status="unavailable", database=str(exc)[:200])
+        return HealthRead(status="unavailable", database=str(exc)[:200], broker=broker_state(settings))
+    broker = broker_state(settings)
     workers = live_workers(session=session, within_s=settings.run_stale_after_s)
-    if not workers:
+    status: Literal["ok", "no worker", "unavailable"] = (
+        "unavailable" if broker != "ok" else "ok" if workers else "no worker")
+    if status != "ok":
         response.status_code = 503
-    return HealthRead(status="ok" if workers else "no worker", database="ok",
+    return HealthRead(status=status, database="ok", broker=broker,
                       workers=[WorkerBrief(name=w.name, queue=w.queue, run_id=(w.info or {}).get("run_id"))
                                for w in workers])
 

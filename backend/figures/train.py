@@ -34,13 +34,43 @@ def _loss_points(points: list[list[float]] | None) -> dict[int, float]:
 
 
 def abs_loss_delta(loss: dict[str, Any] | None) -> tuple[list[int], list[float]]:
-    """|loss_a − loss_b| on the steps both runs recorded, keeping only values a log axis can show (> 0)."""
+    """|loss_a − loss_b| on the steps both runs recorded, zeros included (equal losses are a result)."""
     loss = loss or {}
     a, b = _loss_points(loss.get("a")), _loss_points(loss.get("b"))
     steps = sorted(set(a) & set(b))
-    pairs = [(s, abs(a[s] - b[s])) for s in steps]
-    kept = [(s, d) for s, d in pairs if d > 0]
-    return [s for s, _ in kept], [d for _, d in kept]
+    return steps, [abs(a[s] - b[s]) for s in steps]
+
+
+def _power_of_ten(exponent: int) -> str:
+    return f"10<sup>{exponent}</sup>".replace("<sup>-", "<sup>−")
+
+
+def delta_axis(delta: list[float]) -> dict[str, Any]:
+    """A log axis for |Δloss| that also shows zero: zeros sit on a floor one decade below the smallest
+    positive value, ticked "0", and the axis spans whole decades so every decade has a labelled tick.
+
+    Returns {"floor", "tickvals", "ticktext", "range"} (range in log10 units, as Plotly takes it).
+    """
+    positive = [d for d in delta if d > 0]
+    lo = math.floor(math.log10(min(positive))) if positive else 0
+    hi = max(math.ceil(math.log10(max(positive))), lo + 1) if positive else 1
+    floor_exp = lo - 1
+    exponents = range(lo, hi + 1)
+    return {
+        "floor": 10.0**floor_exp,
+        "tickvals": [10.0**floor_exp] + [10.0**e for e in exponents],
+        "ticktext": ["0"] + [_power_of_ten(e) for e in exponents],
+        "range": [floor_exp - 0.3, hi + 0.1],
+    }
+
+
+def count_dtick(max_count: int) -> int | None:
+    """Tick step for an axis of whole numbers (counts, steps): Plotly would tick 0.5 on a short range."""
+    if max_count <= 6:
+        return 1
+    if max_count <= 12:
+        return 2
+    return None  # Plotly's own steps are whole numbers on a range this wide
 
 
 def _title(comparison: dict[str, Any]) -> str:
@@ -155,25 +185,35 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
             secondary_y=False,
         )
     delta_steps, delta = abs_loss_delta(loss)
+    axis = delta_axis(delta)
     if delta:
         fig.add_trace(
             go.Scatter(
                 x=delta_steps,
-                y=delta,
+                y=[d if d > 0 else axis["floor"] for d in delta],
+                customdata=delta,
                 name="|Δloss|",
                 mode="lines+markers",
                 marker={"size": 4},
                 line={"color": COLOR_DIFF, "width": 1},
+                hovertemplate="step %{x}: |Δloss| = %{customdata:.3g}<extra></extra>",
             ),
             row=2,
             col=1,
             secondary_y=True,
         )
 
-    fig.update_yaxes(title_text="tensors differing", rangemode="tozero", row=1, col=1)
+    dtick = count_dtick(max(differing + [0]))
+    fig.update_yaxes(title_text="tensors differing", rangemode="tozero", tick0=0, dtick=dtick, tickformat="d",
+                     row=1, col=1)
+    if not any(differing):
+        fig.update_yaxes(range=[0, 1], row=1, col=1)
     fig.update_yaxes(title_text="loss", row=2, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="|Δloss|", type="log", dtick=1, exponentformat="power", showgrid=False,
+    fig.update_yaxes(title_text="|Δloss|", type="log", tickmode="array", tickvals=axis["tickvals"],
+                     ticktext=axis["ticktext"], range=axis["range"], showgrid=False,
                      row=2, col=1, secondary_y=True)
+    # Steps are whole numbers; on a short run Plotly would tick 0.5 between them.
+    fig.update_xaxes(tick0=0, dtick=count_dtick(max(steps, default=0) - min(steps, default=0)), tickformat="d")
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_layout(
         title={"text": _title(comparison)},

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.db import get_sessionmaker
 from detlab.backend.models import FAILED, QUEUED, RUNNING, Run, utcnow
-from detlab.backend.services.dispatch import dispatch
+from detlab.backend.services.dispatch import send, undispatch
 from detlab.backend.services.settle import settle
 from detlab.backend.services.workers import as_utc, live_workers
 from detlab.core.settings import Settings
@@ -64,7 +64,10 @@ class ReconcilerThread(threading.Thread):
                 with get_sessionmaker()() as session:
                     pending = reconcile(session=session, settings=self.settings)
                     session.commit()
-                for run_id, queue in pending:
-                    dispatch(run_id, queue)
+                if unsent := send(pending):
+                    log.warning("broker down: %d run(s) left unsent for the next pass", len(unsent))
+                    with get_sessionmaker()() as session:
+                        undispatch(session=session, run_ids=unsent)
+                        session.commit()
             except Exception:  # noqa: BLE001 - a failed pass is retried on the next tick
                 log.exception("reconcile pass failed")

@@ -30,8 +30,11 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 2.0
     run_stale_after_s: float = 30.0
     max_attempts: int = 2
-    # A run whose ranks write nothing for this long is killed (raise it for long fingerprint intervals).
+    # A run any of whose ranks writes nothing for this long is killed, naming the rank (raise it for long
+    # fingerprint intervals).
     hang_timeout_s: float = 600.0
+    # Until its first step a rank builds its model, joins NCCL and may compile: allowed this long instead.
+    first_step_timeout_s: float = 1800.0
     reconcile_interval_s: float = 5.0
     max_body_bytes: int = 8 * 1024 * 1024
     max_world_size: int = 64

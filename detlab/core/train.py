@@ -275,6 +275,7 @@ def throughput(runs: list[RunData], global_batch: int, warmup: int = 2) -> dict[
 
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_MAX_STEPS = 5000  # per side; longer runs are thinned evenly (a wider, never narrower, interval)
+BOOTSTRAP_MIN_STEPS = 5  # per side; fewer timed steps give a point estimate and no interval
 
 
 def cost_estimate(baseline: list[RunData], runs: list[RunData], global_batch: int, warmup: int = 2,
@@ -292,6 +293,9 @@ def cost_estimate(baseline: list[RunData], runs: list[RunData], global_batch: in
         return {"cost": None, "interval": None, "within_noise": None, "resamples": 0}
     point = cost(throughput(runs, global_batch, warmup)["samples_per_s"],
                  throughput(baseline, global_batch, warmup)["samples_per_s"])
+    if min(sum(len(t) for t in side) for side in sides) < BOOTSTRAP_MIN_STEPS:
+        # Resampling one or two steps gives an interval of zero width: a precision never measured.
+        return {"cost": point, "interval": None, "within_noise": None, "resamples": 0}
     rng = np.random.default_rng(seed)
 
     def medians(per_run: list[np.ndarray]) -> np.ndarray:
@@ -312,7 +316,7 @@ def cost_text(estimate: dict[str, Any] | None) -> str:
     if point is None:
         return "not measured"
     if interval is None:
-        return f"{abs(point):.1%} {'faster' if point < 0 else 'slower'} (no interval)"
+        return f"{abs(point):.1%} {'faster' if point < 0 else 'slower'} (too few timed steps for an interval)"
     lo, hi = interval
     if estimate.get("within_noise"):
         return f"within noise ({lo:+.1%} to {hi:+.1%})"

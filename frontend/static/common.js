@@ -86,6 +86,22 @@ window.detlab = (() => {
     return `${prefix}: ${name ?? "?"}`;
   }
 
+  // World size of each config of a job: its own if it sets one, else the job's.
+  function worldSizes(job) {
+    return (job.configs || []).map((c) => c?.body?.world_size ?? job.world_size);
+  }
+
+  // Config `index`'s name, with "@W<n>" when the job's configs run on different world sizes
+  // ("four-ranks @W4"): the same preset on 2 and 4 ranks would otherwise read as one config.
+  function jobConfigName(job, index) {
+    const name = (job.configs || [])[index]?.name ?? "?";
+    const sizes = worldSizes(job);
+    return new Set(sizes).size > 1 ? `${name} @W${sizes[index]}` : name;
+  }
+
+  // "B: four-ranks @W4": side (or cell number) and name, as the job page writes it everywhere.
+  const jobConfigLabel = (job, index) => configLabel(job.kind, index, jobConfigName(job, index));
+
   function badge(value, fallback) {
     if (!value) return el("span", { className: "muted", text: fallback || "—" });
     return el("span", { className: `badge badge-${value}`, text: value });
@@ -100,6 +116,6 @@ window.detlab = (() => {
 
   return {
     API, $, HttpError, el, getJSON, setRows, sleep, meta,
-    humanBytes, pct, formatTime, configLabel, badge, reproBadge,
+    humanBytes, pct, formatTime, configLabel, worldSizes, jobConfigName, jobConfigLabel, badge, reproBadge,
   };
 })();

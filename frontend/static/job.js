@@ -15,7 +15,7 @@
   const CANCELLABLE = new Set(["queued", "running"]);
   const PLOTLY_CONFIG = { responsive: true, displaylogo: false };
 
-  const { API, $, el, getJSON, setRows, sleep, pct, badge, formatTime, configLabel } = window.detlab;
+  const { API, $, el, getJSON, setRows, sleep, pct, badge, formatTime, worldSizes, jobConfigLabel } = window.detlab;
   const kinds = new Map(); // job kind -> its view: {runsHead, describe(job), load(job), running?(job)}
   let runsFolded = false; // fold a long runs list once, then leave it to the user
   let shown = null; // the job as last rendered (the Cancel button acts on it)
@@ -35,7 +35,24 @@
 
   const isFinished = (job) => FINISHED.has(job.status);
 
-  const jobConfigLabel = (job, index) => configLabel(job.kind, index, (job.configs || [])[index]?.name);
+  // The verdict in the header, where a reader looks first: a badge, a line that says it, and the
+  // facts behind it ([term, value] pairs). Set by the kind's script once its result is in.
+  function showVerdict(verdict, headline, facts = []) {
+    const box = $("verdict-banner");
+    $("banner-verdict").replaceChildren(badge(verdict));
+    $("banner-headline").textContent = headline;
+    $("banner-facts").replaceChildren(
+      ...facts.map(([term, value]) => el("div", {}, el("dt", { text: term }), el("dd", { text: value })))
+    );
+    box.className = `banner banner-${verdict}`;
+    box.hidden = false;
+  }
+
+  // "world size 2", or "world sizes 2 vs 4" when the configs run on different ones.
+  function worldSizeText(job) {
+    const sizes = worldSizes(job);
+    return new Set(sizes).size > 1 ? `world sizes ${sizes.join(" vs ")}` : `world size ${job.world_size}`;
+  }
 
   // A 404 for a job that just succeeded means "not recorded yet": ask again a few times.
   async function fetchResult(job, url) {
@@ -74,7 +91,7 @@
     const { facts, extent = [] } = view.describe(job);
     $("job-meta").textContent = [
       ...facts,
-      `world size ${job.world_size}`,
+      worldSizeText(job),
       ...extent,
       `${job.repeats} ${job.repeats === 1 ? "repeat" : "repeats"}`,
       job.created_at ? `created ${formatTime(job.created_at)}` : null,
@@ -176,7 +193,7 @@
     for (const name of names) kinds.set(name, view);
   }
 
-  window.detlab.job = { register, showLoadError, showNoResult, isFinished, jobConfigLabel, fetchResult, plot };
+  window.detlab.job = { register, showLoadError, showNoResult, showVerdict, isFinished, jobConfigLabel, fetchResult, plot };
   // The scripts of each kind come after this one; they have all run by DOMContentLoaded.
   document.addEventListener("DOMContentLoaded", start);
 })();

@@ -4,8 +4,8 @@
 "use strict";
 
 (function () {
-  const { API, $, el, getJSON, setRows, pct, configLabel } = window.detlab;
-  const { register, showNoResult, jobConfigLabel, fetchResult, plot } = window.detlab.job;
+  const { API, $, el, getJSON, setRows, pct, jobConfigName } = window.detlab;
+  const { register, showNoResult, showVerdict, jobConfigLabel, fetchResult, plot } = window.detlab.job;
 
   function describe(job) {
     const names = (job.configs || []).map((c, i) => jobConfigLabel(job, i)).join(" vs ");
@@ -47,8 +47,8 @@
   }
 
   function renderConfigDiff(job, cmp) {
-    $("config-a-name").textContent = (job.configs || [])[0]?.name || "";
-    $("config-b-name").textContent = (job.configs || [])[1]?.name || "";
+    $("config-a-name").textContent = jobConfigName(job, 0);
+    $("config-b-name").textContent = jobConfigName(job, 1);
     const rows = (cmp.config_diff || []).map((d) =>
       el("tr", {}, el("td", {}, el("code", { text: d.key })), el("td", {}, formatValue(d.a)), el("td", {}, formatValue(d.b)))
     );
@@ -81,7 +81,7 @@
     );
   }
 
-  function renderThroughput(jobId, cmp) {
+  function renderThroughput(job, cmp) {
     const rows = cmp.throughput || [];
     const fmt = (x, d = 1) => (typeof x === "number" && Number.isFinite(x) ? x.toFixed(d) : "—");
     setRows(
@@ -90,10 +90,10 @@
         el(
           "tr",
           {},
-          el("td", { text: configLabel("train", t.config_index, t.name) }),
+          el("td", { text: jobConfigLabel(job, t.config_index) }),
           el("td", { className: "num", text: fmt(t.samples_per_s) }),
           el("td", { className: "num", text: t.spread ? `${fmt(t.spread[0], 0)}–${fmt(t.spread[1], 0)}` : "—" }),
-          el("td", { className: "num", text: `${fmt(t.step_time_ms_median)} ms` }),
+          el("td", { className: "num", text: typeof t.step_time_ms_median === "number" ? `${fmt(t.step_time_ms_median)} ms` : "—" }),
           el("td", { className: "num", text: t.runs ?? "" }),
           // The server words the cost with its 95 % interval ("within noise" when it spans 0).
           el("td", { className: `num ${t.cost > 0 && t.within_noise === false ? "cost" : ""}`, text: t.cost_text })
@@ -102,7 +102,7 @@
       "No throughput measured.",
       6
     );
-    drawThroughput(jobId, rows.filter((t) => typeof t.samples_per_s === "number"));
+    drawThroughput(job.id, rows.filter((t) => typeof t.samples_per_s === "number"));
   }
 
   async function drawThroughput(jobId, rows) {
@@ -126,18 +126,75 @@
     return `${r.identical_to_first} of ${r.comparable ?? 0}` + (extra ? ` (${extra})` : "");
   }
 
-  function renderReproducibility(cmp) {
+  function renderReproducibility(job, cmp) {
     const rows = (cmp.reproducibility || []).map((r) =>
       el(
         "tr",
         {},
-        el("td", { text: configLabel("train", r.config_index, r.name) }),
+        el("td", { text: jobConfigLabel(job, r.config_index) }),
         el("td", { className: "num", text: r.recorded === r.repeats ? r.repeats : `${r.recorded} of ${r.repeats}` }),
         el("td", { className: "num", text: reproText(r) }),
         el("td", { className: `num ${r.rate < 1 ? "cost" : ""}`, text: typeof r.rate === "number" ? pct(r.rate, 0) : "—" })
       )
     );
     setRows($("reproducibility"), rows, "No repeats to compare.", 4);
+  }
+
+  // ---- the verdict banner in the header ----------------------------------------------------------
+
+  function headline(cmp) {
+    switch (cmp.verdict) {
+      case "identical":
+        return `Identical: all ${cmp.steps_compared ?? 0} compared steps are bit-equal`;
+      case "diverged":
+        return `Diverged at step ${cmp.first_divergent_step}: ${cmp.steps_differing ?? 0} of ${cmp.steps_compared ?? 0} steps differ`;
+      case "incomplete": {
+        const missing = cmp.missing || [];
+        return `Incomplete: ${missing.length ? `missing ${missing.join("; ")}` : cmp.reason || "the runs did not record every step"}`;
+      }
+      default:
+        return `Incomparable: ${cmp.reason || "no reason given"}`;
+    }
+  }
+
+  function reproFact(job, r) {
+    if (!r.comparable) {
+      const repeats = r.repeats ?? 0;
+      return [jobConfigLabel(job, r.config_index), `${repeats} ${repeats === 1 ? "repeat" : "repeats"}, nothing to compare`];
+    }
+    return [jobConfigLabel(job, r.config_index), `${reproText(r)} repeats identical`];
+  }
+
+  // A single config: reproducible when every comparable repeat matched the first.
+  function singleVerdict(rows) {
+    const measured = rows.filter((r) => r.comparable);
+    if (measured.length === 0) return ["incomparable", "Reproducibility not measured: run 2 or more repeats to compare"];
+    const ok = measured.every((r) => r.identical_to_first === r.comparable);
+    const r = measured[0];
+    return ok
+      ? ["reproducible", `Reproducible: ${r.identical_to_first} of ${r.comparable} repeats identical to the first`]
+      : ["not-reproducible", `Not reproducible: ${r.identical_to_first} of ${r.comparable} repeats identical to the first`];
+  }
+
+  function renderBanner(job, cmp, pairwise) {
+    const repro = cmp.reproducibility || [];
+    const facts = [];
+    if (pairwise) {
+      facts.push(["First divergent step", cmp.first_divergent_step ?? (cmp.verdict === "identical" ? "none" : "—")]);
+    }
+    for (const r of repro) {
+      const [label, text] = reproFact(job, r);
+      facts.push([`Reproducibility ${label}`, text]);
+    }
+    for (const t of cmp.throughput || []) {
+      if (t.config_index > 0 && t.cost_text) facts.push([`Cost ${jobConfigLabel(job, t.config_index)}`, t.cost_text]);
+    }
+    if (pairwise) {
+      showVerdict(cmp.verdict || "incomparable", headline(cmp), facts);
+    } else {
+      const [verdict, line] = singleVerdict(repro);
+      showVerdict(verdict, line, facts);
+    }
   }
 
   async function drawChart(jobId) {
@@ -165,14 +222,21 @@
           : "There is nothing to compare for this job yet.");
       return;
     }
+    // One config has no A/B pair: its page is the reproducibility of its repeats (and its throughput).
+    const pairwise = (job.configs || []).length > 1 && cmp.run_a !== undefined;
+    renderBanner(job, cmp, pairwise);
     $("comparison").hidden = false;
-    renderFacts(cmp);
+    $("comparison-title").textContent = pairwise ? "Comparison" : "Reproducibility";
+    $("pairwise").hidden = !pairwise;
+    $("verdict").hidden = !pairwise;
+    $("note").hidden = true;
+    if (pairwise) renderFacts(cmp);
     renderConfigDiff(job, cmp);
     renderEnvironment(cmp);
     renderMismatches(job, cmp);
-    renderThroughput(job.id, cmp);
-    renderReproducibility(cmp);
-    await drawChart(job.id);
+    renderThroughput(job, cmp);
+    renderReproducibility(job, cmp);
+    if (pairwise) await drawChart(job.id);
   }
 
   register(["train"], { runsHead: "Steps", describe, load });

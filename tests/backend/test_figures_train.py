@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from detlab.backend.figures.train import (
@@ -151,11 +152,45 @@ def test_abs_loss_delta_is_on_a_log_axis() -> None:
     assert fig["layout"][axis]["type"] == "log"
 
 
-def test_abs_loss_delta_keeps_only_positive_values() -> None:
+def test_abs_loss_delta_keeps_zero_steps() -> None:
     steps, delta = abs_loss_delta({"a": [[0, 1.0], [1, 2.0], [2, 3.0]], "b": [[0, 1.0], [1, 2.5], [2, 2.0]]})
 
-    assert steps == [1, 2]
-    assert delta == [0.5, 1.0]
+    assert steps == [0, 1, 2]
+    assert delta == [0.0, 0.5, 1.0]
+
+
+def delta_layout_axis(fig: dict[str, Any]) -> dict[str, Any]:
+    axis: dict[str, Any] = fig["layout"]["yaxis" + trace(fig, "|Δloss|")["yaxis"][1:]]
+    return axis
+
+
+def test_zero_delta_steps_are_drawn_on_the_axis_tick_labelled_zero() -> None:
+    loss = {"a": [[0, 1.0], [1, 1.0], [2, 1.0]], "b": [[0, 1.0], [1, 1.0 + 2e-7], [2, 1.0]]}
+    fig = comparison_figure(make_comparison(loss=loss))
+    delta = trace(fig, "|Δloss|")
+    axis = delta_layout_axis(fig)
+
+    zero_tick = axis["tickvals"][axis["ticktext"].index("0")]
+    assert delta["x"] == [0, 1, 2]
+    assert delta["y"][0] == delta["y"][2] == zero_tick
+    assert delta["customdata"][0] == 0.0
+
+
+def test_delta_axis_has_a_labelled_tick_every_decade_around_the_data() -> None:
+    loss = {"a": [[0, 1.0], [1, 1.0]], "b": [[0, 1.0 + 1.2e-7], [1, 1.0 + 2.4e-7]]}
+    axis = delta_layout_axis(comparison_figure(make_comparison(loss=loss)))
+
+    assert axis["ticktext"] == ["0", "10<sup>−7</sup>", "10<sup>−6</sup>"]
+    low, high = axis["range"]
+    assert low < math.log10(axis["tickvals"][0]) and high > math.log10(axis["tickvals"][-1])
+
+
+def test_tensors_differing_axis_ticks_whole_numbers() -> None:
+    fig = comparison_figure(make_comparison(per_step=[{"step": 0, "tensors_differing": 0},
+                                                      {"step": 1, "tensors_differing": 2}]))
+
+    assert fig["layout"]["yaxis"]["dtick"] == 1
+    assert fig["layout"]["yaxis"]["tick0"] == 0
 
 
 def test_abs_loss_delta_uses_only_steps_both_runs_recorded() -> None:
@@ -170,8 +205,18 @@ def test_abs_loss_delta_skips_non_finite_losses() -> None:
     assert steps == []
 
 
-def test_identical_losses_plot_no_delta_trace() -> None:
-    assert "|Δloss|" not in trace_names(comparison_figure(identical_comparison()))
+def test_step_axis_ticks_whole_steps() -> None:
+    fig = comparison_figure(make_comparison())
+
+    assert [fig["layout"][axis]["dtick"] for axis in ("xaxis", "xaxis2")] == [1, 1]
+
+
+def test_identical_losses_plot_delta_at_zero() -> None:
+    fig = comparison_figure(identical_comparison())
+    axis = delta_layout_axis(fig)
+
+    assert trace(fig, "|Δloss|")["customdata"] == [0.0, 0.0, 0.0]
+    assert axis["ticktext"][0] == "0"
 
 
 def test_missing_loss_still_builds_figure() -> None:

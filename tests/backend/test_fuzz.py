@@ -29,9 +29,9 @@ from schemathesis.core.failures import FailureGroup
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from detlab.backend.api import jobs as jobs_api
 from detlab.backend.app import create_app
 from detlab.backend.db import get_session
+from detlab.backend.services import dispatch as dispatch_service
 from detlab.core.settings import Settings, get_settings
 
 TOKEN = "t" * 32
@@ -62,7 +62,7 @@ def app(engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> 
 
     app.dependency_overrides[get_session] = session
     app.dependency_overrides[get_settings] = lambda: settings
-    monkeypatch.setattr(jobs_api, "dispatch", lambda run_id, queue: None)
+    monkeypatch.setattr(dispatch_service, "dispatch", lambda run_id, queue: None)
     return app
 
 

@@ -628,6 +628,13 @@ def test_cost_interval_excludes_warmup_steps() -> None:
     assert result["cost"] == pytest.approx(0.0) and result["interval"] == pytest.approx([0.0, 0.0])
 
 
+def test_too_few_timed_steps_give_a_point_cost_and_no_interval() -> None:
+    # Steps 1-2 are warm-up: one timed step each side would bootstrap to a zero-width interval.
+    result = cost_estimate([timed_run([0.1, 0.1, 0.1], 1)], [timed_run([0.2, 0.2, 0.2], 2)], 10)
+    assert result["cost"] == pytest.approx(0.5) and result["interval"] is None and result["within_noise"] is None
+    assert cost_text(result) == "50.0% slower (too few timed steps for an interval)"
+
+
 def test_cost_interval_is_none_without_timed_steps() -> None:
     assert cost_estimate([], [timed_run([0.1] * 5, 2)], 10)["interval"] is None
 

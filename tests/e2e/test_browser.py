@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from detlab.core.collective import DTYPES, OPS
 from tests.e2e.conftest import Stack
@@ -160,4 +160,95 @@ def test_a_job_on_a_queue_without_a_worker_says_so_on_its_page(embedded: Stack, 
         expect(page.locator("#queue-note")).to_contain_text("no worker has ever been seen on queue 'nobody'")
         expect(page.locator("#cancel-job")).to_be_visible()  # queued: it can be cancelled
         page.screenshot(path=str(screenshot_dir(tmp_path) / "no-worker.png"))
+        browser.close()
+
+
+def open_job(pw: Playwright, embedded: Stack, job_id: int,
+             ready: str = "#verdict-banner") -> tuple[Browser, Page, list[str]]:
+    browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    page = browser.new_page(viewport={"width": 1280, "height": 1600})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{embedded.url}/jobs/{job_id}")
+    expect(page.locator(ready)).to_be_visible(timeout=30_000)
+    return browser, page, errors
+
+
+def banner_facts(page: Page) -> dict[str, str]:
+    pairs = page.eval_on_selector_all("#banner-facts > div",
+                                      "els => els.map(e => [...e.children].map(c => c.textContent))")
+    return dict(pairs)
+
+
+def test_an_identical_job_has_its_verdict_in_the_header(embedded: Stack) -> None:
+    job = embedded.submit({"workload": "mlp", "steps": 3, "world_size": 1,
+                           "configs": [{"preset": "default"}, {"preset": "default"}]})
+    embedded.wait_job(job["id"])
+    with sync_playwright() as pw:
+        browser, page, errors = open_job(pw, embedded, job["id"])
+        banner = page.locator("#verdict-banner")
+        expect(banner.locator("#banner-verdict")).to_have_text("identical")
+        expect(banner).to_contain_text("all 4 compared steps are bit-equal")
+        facts = banner_facts(page)
+        assert facts["First divergent step"] == "none"
+        assert facts["Reproducibility A: default"] == "1 repeat, nothing to compare"
+        assert facts["Cost B: default"] == embedded.comparison(job["id"])["throughput"][1]["cost_text"]
+        # The banner sits in the header card, above the runs, not in the comparison below them.
+        assert page.locator(".card").first.locator("#verdict-banner").count() == 1
+        assert errors == []
+        browser.close()
+
+
+def test_a_diverged_job_has_its_verdict_step_and_cost_in_the_header(embedded: Stack, tmp_path: Path) -> None:
+    job = embedded.submit({"workload": "mlp", "steps": 3, "world_size": 2,
+                           "configs": [{"preset": "default"}, {"preset": "default", "name": "four", "world_size": 4}]})
+    embedded.wait_job(job["id"])
+    cmp = embedded.comparison(job["id"])
+    with sync_playwright() as pw:
+        browser, page, errors = open_job(pw, embedded, job["id"])
+        banner = page.locator("#verdict-banner")
+        expect(banner.locator("#banner-verdict")).to_have_text("diverged")
+        expect(banner).to_contain_text(f"Diverged at step {cmp['first_divergent_step']}")
+        facts = banner_facts(page)
+        assert facts["First divergent step"] == str(cmp["first_divergent_step"])
+        assert facts["Cost B: four @W4"] == cmp["throughput"][1]["cost_text"]
+        page.wait_for_function("() => (document.getElementById('chart').data || []).length > 0")
+        assert errors == []
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "job-banner.png"), full_page=True)
+        browser.close()
+
+
+def test_a_job_on_two_world_sizes_labels_each_config_with_its_own(embedded: Stack) -> None:
+    job = embedded.submit({"workload": "mlp", "steps": 2, "world_size": 2,
+                           "configs": [{"preset": "default"}, {"preset": "default", "name": "four", "world_size": 4}]})
+    embedded.wait_job(job["id"])
+    with sync_playwright() as pw:
+        browser, page, errors = open_job(pw, embedded, job["id"], ready="#comparison")
+        meta = page.locator("#job-meta")
+        expect(meta).to_contain_text("A: default @W2 vs B: four @W4")
+        expect(meta).to_contain_text("world sizes 2 vs 4")
+        expect(meta).not_to_contain_text("world size 2 ")
+        for table in ("#runs", "#throughput", "#reproducibility"):
+            expect(page.locator(f"{table} tbody tr").first).to_contain_text("A: default @W2")
+            expect(page.locator(f"{table} tbody tr").nth(1)).to_contain_text("B: four @W4")
+        expect(page.locator("#config-b-name")).to_have_text("four @W4")
+        assert errors == []
+        browser.close()
+
+
+def test_a_single_config_job_shows_the_reproducibility_of_its_repeats(embedded: Stack, tmp_path: Path) -> None:
+    job = embedded.submit({"workload": "mlp", "steps": 2, "world_size": 1, "repeats": 2,
+                           "configs": [{"preset": "default"}]})
+    embedded.wait_job(job["id"])
+    with sync_playwright() as pw:
+        browser, page, errors = open_job(pw, embedded, job["id"])
+        expect(page.locator("#banner-verdict")).to_have_text("reproducible")
+        expect(page.locator("#verdict-banner")).to_contain_text("1 of 1 repeats identical")
+        expect(page.locator("#comparison-title")).to_have_text("Reproducibility")
+        expect(page.locator("#pairwise")).to_be_hidden()
+        expect(page.locator("#reproducibility tbody tr")).to_have_count(1)
+        expect(page.locator("#reproducibility")).to_contain_text("1 of 1")
+        expect(page.locator("body")).not_to_contain_text("undefined")
+        assert errors == []
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "single-config.png"), full_page=True)
         browser.close()

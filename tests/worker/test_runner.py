@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,8 @@ from detlab.core.wire import RankSpec, StepRecord
 spec = RankSpec.model_validate_json(Path(sys.argv[1]).read_text())
 rank = int(os.environ["RANK"])
 behaviour = os.environ["FAKE"]
+if behaviour == "slow-first-step":  # model building, NCCL init or compiling before step 0
+    time.sleep(3)
 with open(Path(spec.spool_dir) / f"rank{rank}.jsonl", "a") as f:
     f.write(StepRecord(step=0, rank=rank, fp_version="fp1", model_digest="fp1:" + "0" * 32, digests="",
                        loss_bits="", step_time_s=0.0).model_dump_json() + "\\n")
@@ -77,7 +81,17 @@ with open(Path(spec.spool_dir) / f"rank{rank}.jsonl", "a") as f:
         print("rank 1 says goodbye", flush=True)
         sys.exit(3)
     if behaviour == "hang":
+        print(f"rank {rank} waits in allreduce", flush=True)
         time.sleep(60)
+    if behaviour == "stall-1":  # rank 1 stops; the others go on stepping for a while, then finish
+        if rank == 1:
+            print("rank 1 waits in allreduce", flush=True)
+            time.sleep(60)
+        for n in range(1, 40):
+            time.sleep(0.2)
+            f.write(StepRecord(step=n, rank=rank, fp_version="fp1", model_digest="fp1:" + "0" * 32, digests="",
+                               loss_bits="", step_time_s=0.0).model_dump_json() + "\\n")
+            f.flush()
 if behaviour.startswith("spawn"):  # a child of its own, as a data-loader worker or a compiler would be
     import subprocess
     child = subprocess.Popen(["sleep", "60"])
@@ -125,10 +139,27 @@ def test_launcher_fails_with_the_crashed_ranks_output_and_keeps_what_was_spooled
 
 def test_launcher_kills_ranks_that_make_no_progress(fake_rank: Path) -> None:
     got: list[Any] = []
-    with pytest.raises(RanksTimedOut, match="no progress from any rank for 4 s"):
+    with pytest.raises(RanksTimedOut, match=r"no progress from any rank \(0, 1\) for 4 s(.|\n)*rank 0 waits in"):
         launch_ranks(rank_spec(2), fake_rank, env=env_for("hang", fake_rank.parent), on_records=got.extend,
                      hang_timeout_s=4.0, poll_s=0.05)
     assert len(got) == 2  # the records written before the hang were handed on
+
+
+def test_launcher_names_the_one_rank_that_stopped_while_the_others_stepped(fake_rank: Path) -> None:
+    got: list[Any] = []
+    started = time.monotonic()
+    with pytest.raises(RanksTimedOut, match=r"rank 1 made no progress for 2 s while ranks 0, 2 did"
+                                            r"(.|\n)*rank 1 waits in allreduce"):
+        launch_ranks(rank_spec(3), fake_rank, env=env_for("stall-1", fake_rank.parent), on_records=got.extend,
+                     hang_timeout_s=2.0, poll_s=0.05)
+    assert time.monotonic() - started < 6  # the others were still stepping: caught before they finished
+
+
+def test_launcher_gives_the_first_step_its_own_longer_timeout(fake_rank: Path) -> None:
+    got: list[Any] = []
+    launch_ranks(rank_spec(2), fake_rank, env=env_for("slow-first-step", fake_rank.parent), on_records=got.extend,
+                 hang_timeout_s=1.0, first_step_timeout_s=10.0, poll_s=0.05)
+    assert sorted(r.rank for r in got) == [0, 1]
 
 
 def alive(pid: int) -> bool:
@@ -226,3 +257,28 @@ def test_a_claim_reply_that_is_no_spec_fails_that_attempt() -> None:
     assert runner.execute(1, client=client, worker="w") == "failed"  # type: ignore[arg-type]
     assert client.finished == [(4, "failed", "worker error: the claim reply is not a runnable spec: "
                                              "steps: Input should be ...")]
+
+
+def test_spool_folders_of_dead_workers_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now: the worker that made the folder was killed
+    dead, live = tmp_path / "detlab-run5-killed", tmp_path / "detlab-run6-running"
+    for folder, pid in ((dead, gone.pid), (live, os.getpid())):
+        folder.mkdir()
+        (folder / runner.OWNER_FILE).write_text(str(pid))
+        (folder / "rank0.jsonl").write_text("{}\n")
+    assert runner.remove_dead_spools(tmp_path) == [dead]
+    assert not dead.exists() and live.exists()
+
+
+def test_a_run_spools_into_a_folder_naming_its_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def launch(spec: Any, folder: Path, **_: Any) -> None:
+        seen.append((folder / runner.OWNER_FILE).read_text())
+
+    monkeypatch.setattr(runner, "launch_ranks", launch)
+    monkeypatch.setattr(runner, "upload_logs", lambda *args: None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert runner._launch_and_stream(run_spec(), None, "cpu", 1.0, None) == ("succeeded", None)  # type: ignore[arg-type]
+    assert seen == [str(os.getpid())]
