@@ -165,6 +165,7 @@ class KeyDiff(OpenModel):
 class ThroughputRow(OpenModel):
     config_index: int
     name: str
+    world_size: int | None = None  # the config's runs' (results stored before it was recorded lack it)
     samples_per_s: float | None
     spread: list[float] | None
     step_time_ms_median: float | None

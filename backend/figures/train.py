@@ -226,16 +226,19 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     return _as_dict(fig)
 
 
-def config_label(index: int, name: str) -> str:
-    """'A: default' for config 0, 'B: ...' for config 1, the index itself beyond two configs."""
+def config_label(index: int, name: str, world_size: int | None = None) -> str:
+    """'A: default' for config 0, 'B: ...' for config 1, the index itself beyond two configs; with
+    ' @W4' when the configs ran at different world sizes (as the page labels them)."""
     letter = "AB"[index] if index in (0, 1) else str(index)
-    return f"{letter}: {name}"
+    return f"{letter}: {name}" + (f" @W{world_size}" if world_size is not None else "")
 
 
 def throughput_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     """Samples/s per config as bars, with the interquartile spread as error bars and the cost over each bar."""
     rows = [r for r in comparison.get("throughput") or [] if _finite(r.get("samples_per_s"))]
-    labels = [config_label(int(r["config_index"]), str(r.get("name") or "")) for r in rows]
+    worlds = {r.get("world_size") for r in comparison.get("throughput") or []}
+    labels = [config_label(int(r["config_index"]), str(r.get("name") or ""),
+                           r.get("world_size") if len(worlds) > 1 else None) for r in rows]
     values = [float(r["samples_per_s"]) for r in rows]
     spreads = [r.get("spread") or [v, v] for r, v in zip(rows, values, strict=True)]
     fig = go.Figure(

@@ -118,7 +118,9 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     for i in sorted(groups):
         # Cost against config 0 with a bootstrap 95 % interval; "within noise" when it spans 0.
         estimate = compare.cost_estimate(timed.get(0, []), timed[i], batch) if i else None
-        result["throughput"].append({"config_index": i, "name": cfgs[i].name, **compare.throughput(timed[i], batch),
+        result["throughput"].append({"config_index": i, "name": cfgs[i].name,
+                                     "world_size": runs_by_index[i][0].world_size,
+                                     **compare.throughput(timed[i], batch),
                                      "cost": estimate and estimate["cost"],
                                      "cost_interval": estimate and estimate["interval"],
                                      "within_noise": estimate and estimate["within_noise"],

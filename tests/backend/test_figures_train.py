@@ -262,3 +262,11 @@ def test_steps_that_differ_without_tensor_detail_are_marked_not_drawn_as_zero() 
     traces = {t["name"]: t for t in comparison_figure(comparison)["data"]}
     assert traces["tensors differing"]["y"] == [0, 4, None]
     assert list(traces["differs (tensor count not loaded)"]["x"]) == [2]
+
+
+def test_throughput_bars_carry_world_sizes_when_the_configs_ran_at_different_ones() -> None:
+    rows = make_comparison()["throughput"]
+    mixed = throughput_figure(make_comparison(throughput=[{**rows[0], "world_size": 2}, {**rows[1], "world_size": 4}]))
+    same = throughput_figure(make_comparison(throughput=[{**rows[0], "world_size": 2}, {**rows[1], "world_size": 2}]))
+    assert list(mixed["data"][0]["x"]) == ["A: default @W2", "B: full-deterministic @W4"]
+    assert list(same["data"][0]["x"]) == ["A: default", "B: full-deterministic"]
