@@ -126,26 +126,30 @@ def submit(
                             "collective": _json_option(collective, "--collective")}
     if kind == "sweep":
         body["sweep"] = {"over": "collective", "knobs": _json_option(knobs, "--knobs")}
-    with httpx.Client(base_url=server.rstrip("/"), timeout=60) as http:
-        resp = http.post("/api/v1/jobs", json=body)
-        if resp.status_code != 201:
-            typer.echo(f"error {resp.status_code}: {resp.json().get('detail', resp.text)}", err=True)
-            raise typer.Exit(2)
-        job = resp.json()
-        if not wait:
-            typer.echo(json.dumps(job) if as_json else f"job {job['id']} submitted: {server}/jobs/{job['id']}")
-            return
-        deadline = time.monotonic() + timeout
-        while job["status"] not in ("succeeded", "failed", "cancelled"):
-            if time.monotonic() > deadline:
-                typer.echo(f"timed out waiting for job {job['id']}", err=True)
-                raise typer.Exit(3)
-            time.sleep(1.0)
-            job = http.get(f"/api/v1/jobs/{job['id']}").json()
-            if not as_json:
-                typer.echo(f"job {job['id']}: {job['status']} {job['progress']:.0%}", err=True)
-        found = http.get(f"/api/v1/jobs/{job['id']}/{'comparison' if kind == 'train' else 'collective'}")
-        result = {"job": job, **(found.json() if found.status_code == 200 else {})}
+    try:
+        with httpx.Client(base_url=server.rstrip("/"), timeout=60) as http:
+            resp = http.post("/api/v1/jobs", json=body)
+            if resp.status_code != 201:
+                typer.echo(f"error {resp.status_code}: {resp.json().get('detail', resp.text)}", err=True)
+                raise typer.Exit(2)
+            job = resp.json()
+            if not wait:
+                typer.echo(json.dumps(job) if as_json else f"job {job['id']} submitted: {server}/jobs/{job['id']}")
+                return
+            deadline = time.monotonic() + timeout
+            while job["status"] not in ("succeeded", "failed", "cancelled"):
+                if time.monotonic() > deadline:
+                    typer.echo(f"timed out waiting for job {job['id']}", err=True)
+                    raise typer.Exit(3)
+                time.sleep(1.0)
+                job = http.get(f"/api/v1/jobs/{job['id']}").json()
+                if not as_json:
+                    typer.echo(f"job {job['id']}: {job['status']} {job['progress']:.0%}", err=True)
+            found = http.get(f"/api/v1/jobs/{job['id']}/{'comparison' if kind == 'train' else 'collective'}")
+            result = {"job": job, **(found.json() if found.status_code == 200 else {})}
+    except httpx.TransportError as exc:  # server down or unreachable: one line, not a traceback
+        typer.echo(f"error: cannot reach {server}: {exc}", err=True)
+        raise typer.Exit(2) from exc
     if as_json:
         typer.echo(json.dumps(result))
     elif kind == "train":

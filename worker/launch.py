@@ -144,10 +144,14 @@ def hang_error(stalled: list[int], progressing: list[int], folder: Path, limit_s
                 f"rank{'s' if len(progressing) > 1 else ''} {', '.join(map(str, progressing))} did; killed")
     else:
         head = f"no progress from any rank ({ranks}) for {limit_s:.0f} s; killed"
-    shown = stalled[:4]
-    tails = "".join(f"\nrank {r}'s output ends:\n{tail(folder / f'rank{r}.stderr', 4000 // len(shown))}"
-                    for r in shown)
-    return RanksTimedOut(head + tails)
+    return RanksTimedOut(head + output_tails(stalled, folder))
+
+
+def output_tails(ranks: list[int], folder: Path) -> str:
+    """The end of the first few ranks' output, 4000 bytes shared between them."""
+    shown = ranks[:4]
+    return "".join(f"\nrank {r}'s output ends:\n{tail(folder / f'rank{r}.stderr', 4000 // len(shown))}"
+                   for r in shown)
 
 
 def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str, str]] = lambda _rank: dict(os.environ),
@@ -191,9 +195,10 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
             codes = [p.poll() for p in procs]
             bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if bad:
-                rank = bad[0]
-                failure = RankFailed(f"rank {rank} exited with code {codes[rank]}; its output ends:\n"
-                                     f"{tail(folder / f'rank{rank}.stderr')}")
+                # Every rank that has exited by now: when one dies its peers' collectives fail too, and
+                # which of them the poll sees first is a race, so none is singled out as the cause.
+                failure = RankFailed("; ".join(f"rank {r} exited with code {codes[r]}" for r in bad)
+                                     + output_tails(bad, folder))
                 break
             if all(c == 0 for c in codes):
                 break
