@@ -20,7 +20,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import detlab
 from detlab.sdk import load_run
-from detlab.worker.fingerprint import fingerprint_many, implementation_name
+from detlab.worker.fingerprint import FP_VERSION, fingerprint_many, implementation_name
 
 dev = torch.device("cuda", 0)
 print("device", torch.cuda.get_device_name(dev), "torch", torch.__version__, "impl", implementation_name(dev))
@@ -75,7 +75,7 @@ def correctness(out: Path) -> dict:
     steps = {r["step"]: r for r in lines if r["type"] == "step"}
     bad = []
     for step, want in expected.items():
-        got = ["fp1:" + steps[step]["digests"][32 * i: 32 * i + 32] for i in range(len(want))]
+        got = [f"{FP_VERSION}:" + steps[step]["digests"][32 * i: 32 * i + 32] for i in range(len(want))]
         if got != want:
             bad.append(step)
     env = lines[0]

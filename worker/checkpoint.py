@@ -69,19 +69,23 @@ def _entries(path: Path, digests: Callable[[torch.Tensor], dict[str, str]]) -> d
     return out
 
 
-def fingerprints(path: Path, *, certificates: bool = False) -> dict[str, dict[str, Any]]:
-    """name -> {digest, shape, dtype[, sha256]} for every tensor in the checkpoint (fp1 digests)."""
+def fingerprints(path: Path, *, certificates: bool = False, version: str = fp.FP_VERSION) -> dict[str, dict[str, Any]]:
+    """name -> {digest, shape, dtype[, sha256]} for every tensor in the checkpoint (digests of `version`)."""
+    key = fp.PUBLIC_KEYS[version]
 
     def digests(t: torch.Tensor) -> dict[str, str]:
-        return {"digest": fp.fingerprint(t), **({"sha256": fp.certificate(t)} if certificates else {})}
+        return {"digest": fp.fingerprint(t, key=key), **({"sha256": fp.certificate(t)} if certificates else {})}
 
     return _entries(path, digests)
 
 
 def diff(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
     """Tensors whose digest, shape or dtype differ, and tensors present in one checkpoint only."""
-    return {"differ": sorted(n for n in a.keys() & b.keys() if a[n] != b[n]),
-            "only_a": sorted(a.keys() - b.keys()), "only_b": sorted(b.keys() - a.keys())}
+    return {
+        "differ": sorted(n for n in a.keys() & b.keys() if a[n] != b[n]),
+        "only_a": sorted(a.keys() - b.keys()),
+        "only_b": sorted(b.keys() - a.keys()),
+    }
 
 
 DiffMode = Literal["keyed", "strict"]

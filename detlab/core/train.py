@@ -33,7 +33,7 @@ class RunData:
     world_size: int
     tensors: list[tuple[str, list[int], str]]  # (name, shape, dtype) by index
     records: dict[tuple[int, int], StepData] = field(default_factory=dict)  # (step, rank) -> data
-    fp_versions: set[str] = field(default_factory=lambda: {"fp1"})  # digests of other versions never compare
+    fp_versions: set[str] = field(default_factory=set)  # versions seen (empty: unknown); others never compare
     # What the run was meant to record (None: unknown, judged against the other run only) and how it ended.
     expected_steps: list[int] | None = None
     status: str | None = None

@@ -21,8 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
     import torch
 
@@ -36,7 +34,6 @@ class _Slot:
     """One launch plan and whether a queued launch of it still awaits its result."""
 
     plan: Any  # detlab.worker.fingerprint.triton_impl.Plan
-    nbytes: np.ndarray
     busy: bool = True
 
 
@@ -70,7 +67,7 @@ def _key(tensors: Sequence[torch.Tensor]) -> tuple:
 
 
 class Digester:
-    """Queues fp1 digests of tensor lists; keeps Triton launch plans per list between calls."""
+    """Queues digests (the current version) of tensor lists; keeps Triton launch plans per list between calls."""
 
     def __init__(self) -> None:
         self._plans: OrderedDict[tuple, list[_Slot]] = OrderedDict()
@@ -119,7 +116,6 @@ class Digester:
         import torch
 
         from detlab.worker.fingerprint import triton_impl
-        from detlab.worker.fingerprint.reference import finalize_many
 
         key = (device, _key(group))
         with torch.cuda.device(device):
@@ -127,7 +123,7 @@ class Digester:
             if slot is None:
                 with torch.no_grad():
                     plan = triton_impl.plan(group)
-                slot = _Slot(plan, np.array([t.nbytes for t in group], dtype=np.uint64))
+                slot = _Slot(plan)
                 if not plan.copies:  # a plan with copies holds this call's bytes: never reused
                     self._keep(key, slot)
             triton_impl.run(slot.plan)  # zero, kernel, copy to pinned host memory: queued, not waited for
@@ -137,8 +133,7 @@ class Digester:
         def read() -> list[str]:
             done.synchronize()  # this launch only; releases the GIL while it waits
             try:
-                sums = slot.plan.host.numpy().view(np.uint64)
-                return finalize_many(sums[:, 0], sums[:, 1], slot.nbytes)
+                return triton_impl.read_digests(slot.plan)
             finally:
                 self._release(slot)
 

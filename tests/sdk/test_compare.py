@@ -92,6 +92,19 @@ def test_runs_of_other_tensors_are_incomparable_and_exit_2(one_process: Path, tm
     assert "tensors present in one run only" in result["reason"]
 
 
+def test_a_run_recorded_under_fp1_is_incomparable_with_an_fp2_run(one_process: Path, tmp_path: Path) -> None:
+    """A recording made before fp2 (fp1 digests, as an older detlab wrote them) is recognised, never compared."""
+    old = tmp_path / "old"
+    old.mkdir()
+    for f in one_process.iterdir():
+        (old / f.name).write_text(f.read_text().replace('"fp2:', '"fp1:').replace('"fp_version":"fp2"',
+                                                                                  '"fp_version":"fp1"'))
+    assert '"fp1' in "".join(f.read_text() for f in old.iterdir())
+    code, result = verdict(one_process, old)
+    assert (code, result["verdict"]) == (2, "incomparable")
+    assert result["reason"] == "fingerprint versions differ: ['fp2'] vs ['fp1']"
+
+
 @pytest.mark.parametrize("make", [
     lambda root: root / "nowhere",
     lambda root: root,  # a directory, but no run.json

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import detlab
-from detlab.worker.fingerprint import fingerprint_many
+from detlab.worker.fingerprint import FP_VERSION, fingerprint_many
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -43,6 +43,6 @@ def test_async_digests_are_of_the_tensors_at_the_call(tmp_path: Path) -> None:
                     p.add_(1.0)  # queued after rec.step: must not be seen
     records = [json.loads(line) for line in (tmp_path / "a" / "rank0.jsonl").read_text().splitlines()]
     assert records[0]["fingerprint_impl"] == "triton"
-    got = {r["step"]: ["fp1:" + r["digests"][i : i + 32] for i in range(0, len(r["digests"]), 32)]
+    got = {r["step"]: [f"{FP_VERSION}:" + r["digests"][i : i + 32] for i in range(0, len(r["digests"]), 32)]
            for r in records if r["type"] == "step"}
     assert got == expected

@@ -15,7 +15,7 @@ import torch
 
 import detlab
 from detlab.sdk import load_run
-from detlab.worker.fingerprint import fingerprint_many
+from detlab.worker.fingerprint import FP_VERSION, fingerprint_many
 
 
 def make_model() -> torch.nn.Module:
@@ -31,7 +31,7 @@ def step_digests(out: Path) -> dict[int, dict[str, str]]:
     """step -> {tensor name: digest} as the recorder wrote them."""
     records = lines(out)
     names = [t["name"] for t in next(r for r in records if r["type"] == "tensors")["tensors"]]
-    return {r["step"]: {n: "fp1:" + r["digests"][32 * i : 32 * (i + 1)] for i, n in enumerate(names)}
+    return {r["step"]: {n: f"{FP_VERSION}:" + r["digests"][32 * i : 32 * (i + 1)] for i, n in enumerate(names)}
             for r in records if r["type"] == "step"}
 
 
@@ -74,7 +74,7 @@ def test_writes_a_manifest_an_env_record_a_tensors_record_and_one_step_record_pe
     seen = train(tmp_path / "a", steps=3, name="baseline", tags=["ci", "cpu"])
     manifest = json.loads((tmp_path / "a" / "run.json").read_text())
     assert (manifest["name"], manifest["tags"], manifest["world_size"]) == ("baseline", ["ci", "cpu"], 1)
-    assert (manifest["fp_version"], manifest["status"]) == ("fp1", "finished")
+    assert (manifest["fp_version"], manifest["status"]) == (FP_VERSION, "finished")
     kinds = [r["type"] for r in lines(tmp_path / "a")]
     assert kinds == ["env", "tensors", "step", "step", "step"]
     env = lines(tmp_path / "a")[0]

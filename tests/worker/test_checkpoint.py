@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from detlab.worker import fingerprint as fp
 from tests.conftest import ROOT
-from tests.worker.test_fingerprint import fp1_three_word_collision
+from tests.worker.test_fingerprint import three_word_collision
 
 
 def detlab(*args: str) -> subprocess.CompletedProcess[str]:
@@ -34,6 +34,8 @@ def test_fingerprint_prints_each_tensor_of_a_safetensors_file(tmp_path: Path) ->
     found = json.loads(out.stdout)
     assert found["w"]["digest"] == fp.fingerprint(state()["w"])
     assert found["b"] == {"digest": fp.fingerprint(state()["b"]), "shape": [3], "dtype": "bfloat16"}
+    old = json.loads(detlab("fingerprint", str(tmp_path / "a.safetensors"), "--json", "--fp-version", "fp1").stdout)
+    assert old["w"]["digest"] == fp.fingerprint(state()["w"], key=fp.FP1_KEY) != found["w"]["digest"]
 
 
 def test_nested_torch_save_checkpoints_get_dotted_names(tmp_path: Path) -> None:
@@ -113,9 +115,10 @@ def test_a_refused_tensor_is_an_error_naming_it(tmp_path: Path, kind: str) -> No
         assert error.startswith("error: ") and "'model.odd'" in error and what in error, out.stderr
 
 
-def test_diff_catches_a_pair_that_collides_under_plain_fp1(tmp_path: Path) -> None:
-    a, b = fp1_three_word_collision(torch.randn(1000, generator=torch.Generator().manual_seed(3)), (17, 260, 451))
-    assert fp.fingerprint(a) == fp.fingerprint(b)  # plain fp1 is fooled
+def test_diff_catches_a_pair_that_collides_under_the_public_keys(tmp_path: Path) -> None:
+    a, b = three_word_collision(torch.randn(1000, generator=torch.Generator().manual_seed(3)), (17, 260, 451))
+    assert fp.fingerprint(a) == fp.fingerprint(b)  # plain fp2 is fooled
+    assert fp.fingerprint(a, key=fp.FP1_KEY) == fp.fingerprint(b, key=fp.FP1_KEY)  # and fp1
     assert fp.certificate(a) != fp.certificate(b)
     torch.save({"w": a}, tmp_path / "a.pt")
     save_file({"w": b}, tmp_path / "b.safetensors")

@@ -1,4 +1,4 @@
-"""fp1 fingerprints: reference vectors, cross-implementation equality and the change-detection guarantees."""
+"""Fingerprints (fp2, and fp1 on request): reference vectors, cross-implementation equality, change detection."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ import torch
 
 from detlab.worker.fingerprint import (
     FP1_KEY,
+    FP2_KEY,
     FP_VERSION,
+    PUBLIC_KEYS,
     DigestKey,
     bytes_to_digest,
     certificate,
@@ -28,58 +30,67 @@ from detlab.worker.fingerprint import (
     implementation_name,
     tensor_bytes,
 )
-from detlab.worker.fingerprint.reference import finalize, finalize_many, lane_sums_np
+from detlab.worker.fingerprint.reference import lane_sums_np
 from detlab.worker.fingerprint.torch_impl import fingerprint_torch, lane_sums_words
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 
-# (label, tensor builder, hex of its logical bytes, digest). The same table is in docs/fingerprint.md.
-VECTORS: list[tuple[str, Callable[[], torch.Tensor], str, str]] = [
+# (label, tensor builder, hex of its logical bytes, fp1 digest, fp2 digest). The same table is in
+# docs/fingerprint.md.
+TABLE: list[tuple[str, Callable[[], torch.Tensor], str, str, str]] = [
     ("float32 empty []", lambda: torch.empty(0, dtype=torch.float32),
-     "", "fp1:83cd62b96d17d778a1acb9efa2e8d674"),
+     "", "fp1:83cd62b96d17d778a1acb9efa2e8d674", "fp2:58ebc13ba0e1821d680823ff123dc0a1"),
     ("float32 [1.0, -0.0, inf, nan]", lambda: torch.tensor([1.0, -0.0, math.inf, math.nan]),
-     "0000803f000000800000807f0000c07f", "fp1:87a8937b7366a1136c81eaa0ca7c6f83"),
+     "0000803f000000800000807f0000c07f",
+     "fp1:87a8937b7366a1136c81eaa0ca7c6f83", "fp2:e7a7eba7080d5c9fb37e247d44d9b7c9"),
     ("float32 [1.0, 0.0, inf, nan]", lambda: torch.tensor([1.0, 0.0, math.inf, math.nan]),
-     "0000803f000000000000807f0000c07f", "fp1:417855aa8a38c6d58bbd396443128893"),
+     "0000803f000000000000807f0000c07f",
+     "fp1:417855aa8a38c6d58bbd396443128893", "fp2:67378e70fee831999b25a3e2f1f2e74e"),
     ("float32 0-d 3.5", lambda: torch.tensor(3.5),
-     "00006040", "fp1:d6c239094aee78aeef34d81a7ce208b1"),
+     "00006040", "fp1:d6c239094aee78aeef34d81a7ce208b1", "fp2:a9aed87ee94743aa619467012d755ad5"),
     ("float32 arange(12).reshape(3, 4).t()", lambda: torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),
      "0000000000008040000000410000803f0000a04000001041000000400000c04000002041000040400000e04000003041",
-     "fp1:fdd9d74d9d17f3e996eab6722371ab45"),
+     "fp1:fdd9d74d9d17f3e996eab6722371ab45", "fp2:5ad57f25e0cdaf466585c682ae453bec"),
     ("float16 [1.0, -2.0, 65504.0]", lambda: torch.tensor([1.0, -2.0, 65504.0], dtype=torch.float16),
-     "003c00c0ff7b", "fp1:3d9c9816eca165e957e9d223a61921ef"),
+     "003c00c0ff7b", "fp1:3d9c9816eca165e957e9d223a61921ef", "fp2:8717fb4eaf1a217eb687cc70a9dcae9f"),
     ("bfloat16 [1.0, -0.0, 3.140625, 1e38, -1.5]",
      lambda: torch.tensor([1.0, -0.0, 3.140625, 1e38, -1.5], dtype=torch.bfloat16),
-     "803f00804940967ec0bf", "fp1:b4b73eaaa59d7c32960ac5060025902a"),
+     "803f00804940967ec0bf", "fp1:b4b73eaaa59d7c32960ac5060025902a", "fp2:90a2519da2ae811c9b74267dc684ece4"),
     ("float64 [pi, -1e-300, -0.0]", lambda: torch.tensor([math.pi, -1e-300, -0.0], dtype=torch.float64),
-     "182d4454fb21094059f3f8c21f6ea5810000000000000080", "fp1:fd84a1cff1c5fea9f7c52412b611497c"),
+     "182d4454fb21094059f3f8c21f6ea5810000000000000080",
+     "fp1:fd84a1cff1c5fea9f7c52412b611497c", "fp2:5222fc02cfb15fb3b1505490c3017f00"),
     ("float8_e4m3fn [0.5, -448.0, 1.0]", lambda: torch.tensor([0.5, -448.0, 1.0]).to(torch.float8_e4m3fn),
-     "30fe38", "fp1:254e2c5660d224758dad09de81b4281f"),
+     "30fe38", "fp1:254e2c5660d224758dad09de81b4281f", "fp2:0875d1d5fbf1f228b12aae8954bac5fc"),
     ("float8_e5m2 [0.5, -57344.0, 1.0, 2.0]",
      lambda: torch.tensor([0.5, -57344.0, 1.0, 2.0]).to(torch.float8_e5m2),
-     "38fb3c40", "fp1:d32fcebd5fac2f3b315c86291268c305"),
+     "38fb3c40", "fp1:d32fcebd5fac2f3b315c86291268c305", "fp2:93873e7c634c41a05642165700a928bc"),
     ("int8 [-128, -1, 0, 1, 127]", lambda: torch.tensor([-128, -1, 0, 1, 127], dtype=torch.int8),
-     "80ff00017f", "fp1:321ddbd4ffff5143f16fd006e6a7068c"),
+     "80ff00017f", "fp1:321ddbd4ffff5143f16fd006e6a7068c", "fp2:5605ac652a51b71aa359c03fa5e0ca43"),
     ("int16 [-32768, -1, 0, 32767]", lambda: torch.tensor([-32768, -1, 0, 32767], dtype=torch.int16),
-     "0080ffff0000ff7f", "fp1:7b4aee158bbf61064bdd3255f8a90ec0"),
+     "0080ffff0000ff7f", "fp1:7b4aee158bbf61064bdd3255f8a90ec0", "fp2:84686dbcde7cd4fc37d688a1650c9547"),
     ("int32 [-2**31, -1, 0, 2**31 - 1, 7]",
      lambda: torch.tensor([-(2**31), -1, 0, 2**31 - 1, 7], dtype=torch.int32),
-     "00000080ffffffff00000000ffffff7f07000000", "fp1:40f0248972383eb1ecd873a9c33c4385"),
+     "00000080ffffffff00000000ffffff7f07000000",
+     "fp1:40f0248972383eb1ecd873a9c33c4385", "fp2:891941b34992e9abbc5da84d342667cd"),
     ("int64 [-2**63, -1, 0, 2**63 - 1]",
      lambda: torch.tensor([-(2**63), -1, 0, 2**63 - 1], dtype=torch.int64),
      "0000000000000080ffffffffffffffff0000000000000000ffffffffffffff7f",
-     "fp1:d837fac7ea072bb0cb36c978c9aa120c"),
+     "fp1:d837fac7ea072bb0cb36c978c9aa120c", "fp2:692f608c941a4e3487023c95044522d2"),
     ("uint8 [1, 2, 3]", lambda: torch.tensor([1, 2, 3], dtype=torch.uint8),
-     "010203", "fp1:f12e9063f5ea17ad7b443191bcccdd24"),
+     "010203", "fp1:f12e9063f5ea17ad7b443191bcccdd24", "fp2:8850d4aa3b5b1aab90fc85ce859990c8"),
     ("uint8 [1, 2, 3, 0]", lambda: torch.tensor([1, 2, 3, 0], dtype=torch.uint8),
-     "01020300", "fp1:2803d4cca7da4cffc9f95a5d0d330cab"),
+     "01020300", "fp1:2803d4cca7da4cffc9f95a5d0d330cab", "fp2:efd4ceb837e9cf31193d5fcbcaced762"),
     ("uint8 arange(17)", lambda: torch.arange(17, dtype=torch.uint8),
-     "000102030405060708090a0b0c0d0e0f10", "fp1:6ab332a4b452d65ef2c97368377d38d9"),
+     "000102030405060708090a0b0c0d0e0f10",
+     "fp1:6ab332a4b452d65ef2c97368377d38d9", "fp2:ff25a698fe3a76529a44a4b568fae17e"),
     ("bool [True, False, True]", lambda: torch.tensor([True, False, True]),
-     "010001", "fp1:f3a494c8ec20cd48c2b072c02677c75f"),
+     "010001", "fp1:f3a494c8ec20cd48c2b072c02677c75f", "fp2:28db8ab618d70d6ff24a58681e259a2c"),
     ("complex64 [1+2j, -0.5-0j]", lambda: torch.tensor([1 + 2j, complex(-0.5, -0.0)], dtype=torch.complex64),
-     "0000803f00000040000000bf00000080", "fp1:f4de4d5648444f2b6dc6391064a6253f"),
+     "0000803f00000040000000bf00000080",
+     "fp1:f4de4d5648444f2b6dc6391064a6253f", "fp2:f70f0ee335f8b550f91c42bd0d99a552"),
 ]  # fmt: skip
+# One vector per row and version: (label, builder, hex, digest), the digest's prefix naming its version.
+VECTORS = [(f"{label} {d.split(':')[0]}", build, hexs, d) for label, build, hexs, *ds in TABLE for d in ds]
 VECTOR_IDS = [v[0] for v in VECTORS]
 
 DTYPES = [
@@ -99,13 +110,18 @@ def random_tensor(dtype: torch.dtype, numel: int, seed: int = 0, device: str = "
     return raw.view(dtype).to(device)
 
 
-FP1_CONSTANTS = ((0x9E3779B97F4A7C15, 0xD1B54A32D192ED03), (0, 0), (0x6A09E667F3BCC908, 0xBB67AE8584CAA73B))
+PUBLIC_CONSTANTS = ((0x9E3779B97F4A7C15, 0xD1B54A32D192ED03), (0, 0), (0x6A09E667F3BCC908, 0xBB67AE8584CAA73B))
+# The mixers of each version as docs/fingerprint.md lists them: (s1, m1, s2, m2, s3) for lane 0, then lane 1.
+SPEC_MIXERS = {
+    "fp1": ((30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31), (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33)),
+    "fp2": ((32, 0x4CD6944C5CC20B6D, 29, 0xFC12C5B19D3259E9, 32), (32, 0xFF51AFD7ED558CCD, 29, 0xC4CEB9FE1A85EC53, 32)),
+}  # fmt: skip
 
 
-def spec_digest(data: bytes, constants: tuple = FP1_CONSTANTS, prefix: str = "fp1") -> str:
-    """fp1 written straight from docs/fingerprint.md in Python ints: an independent check of reference.py.
-
-    `constants` = (G, P, F) per lane; a keyed digest is the same algorithm with secret ones."""
+def spec_digest(data: bytes, constants: tuple = PUBLIC_CONSTANTS, prefix: str = FP_VERSION) -> str:
+    """The algorithm written straight from docs/fingerprint.md in Python ints: an independent check of
+    reference.py. `constants` = (G, P, F) per lane; a keyed digest is the same algorithm with secret ones;
+    the version (the prefix before any "-keyed") picks the mixers."""
     m64 = (1 << 64) - 1
     (g0, g1), (p0, p1), (f0, f1) = constants
 
@@ -114,8 +130,7 @@ def spec_digest(data: bytes, constants: tuple = FP1_CONSTANTS, prefix: str = "fp
         z = ((z ^ (z >> s2)) * m2) & m64
         return z ^ (z >> s3)
 
-    mix0 = (30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31)
-    mix1 = (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33)
+    mix0, mix1 = SPEC_MIXERS[prefix.removesuffix("-keyed")]
     padded = data + bytes(-len(data) % 8)
     s0 = s1 = 0
     for j in range(len(padded) // 8):
@@ -125,6 +140,11 @@ def spec_digest(data: bytes, constants: tuple = FP1_CONSTANTS, prefix: str = "fp
     h0 = mix(s0 ^ mix(len(data) ^ f0, *mix0), *mix0)
     h1 = mix(s1 ^ mix(len(data) ^ f1, *mix1), *mix1)
     return f"{prefix}:{h0:016x}{h1:016x}"
+
+
+def key_of(digest: str) -> DigestKey:
+    """The public key of the version a digest names."""
+    return PUBLIC_KEYS[digest.split(":")[0]]
 
 
 def flip_bit(t: torch.Tensor, bit: int) -> torch.Tensor:
@@ -138,12 +158,12 @@ def flip_bit(t: torch.Tensor, bit: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
 def test_reference_matches_vector(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
-    assert fingerprint_bytes(bytes.fromhex(hex_bytes)) == digest
+    assert fingerprint_bytes(bytes.fromhex(hex_bytes), key=key_of(digest)) == digest
 
 
 @pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
 def test_documented_spec_matches_vector(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
-    assert spec_digest(bytes.fromhex(hex_bytes)) == digest
+    assert spec_digest(bytes.fromhex(hex_bytes), prefix=digest.split(":")[0]) == digest
 
 
 @pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
@@ -153,7 +173,7 @@ def test_vector_tensor_has_the_listed_bytes(label: str, build: Callable, hex_byt
 
 @pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
 def test_torch_cpu_matches_vector(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
-    assert fingerprint(build()) == digest
+    assert fingerprint(build(), key=key_of(digest)) == digest
 
 
 # --- cross-implementation equality ----------------------------------------------------------------------
@@ -189,14 +209,6 @@ def test_torch_and_reference_agree_at_large_word_positions(first_pos: int) -> No
     expected = lane_sums_np(words.numpy().view(np.uint64), first_pos)
     got = tuple(int(v) & ((1 << 64) - 1) for v in lane_sums_words(words, first_pos).tolist())
     assert got == expected
-
-
-def test_batched_finalize_matches_scalar_finalize() -> None:
-    rng = np.random.default_rng(10)
-    s0, s1 = rng.integers(0, 2**64, 50, dtype=np.uint64), rng.integers(0, 2**64, 50, dtype=np.uint64)
-    nbytes = rng.integers(0, 2**40, 50).astype(np.uint64)
-    expected = [finalize(int(a), int(b), int(n)) for a, b, n in zip(s0, s1, nbytes, strict=True)]
-    assert finalize_many(s0, s1, nbytes) == expected
 
 
 def test_fingerprint_many_matches_fingerprint() -> None:
@@ -271,8 +283,8 @@ def test_nan_payloads_differ() -> None:
     assert fingerprint(quiet) != fingerprint(payload)
 
 
-def fp1_three_word_collision(base: torch.Tensor, positions: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two tensors shaped like `base` that differ in three 8-byte words and have the same fp1 digest, built
+def three_word_collision(base: torch.Tensor, positions: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two tensors shaped like `base` that differ in three 8-byte words and have the same fp1 and fp2 digest, built
     from the spec's formulas with no search (see "Known collisions" in docs/fingerprint.md).
 
     A lane sum depends only on the lane's multiset of keys `u_j XOR (j * G_k)`. Words x, y, z at positions
@@ -305,13 +317,14 @@ def fp1_three_word_collision(base: torch.Tensor, positions: tuple[int, int, int]
 
 @pytest.mark.parametrize("positions", [(0, 1, 2), (3, 10, 41), (5, 4, 1000)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
-def test_three_words_rotated_in_key_space_collide_under_plain_fp1(dtype: torch.dtype, positions: tuple) -> None:
-    a, b = fp1_three_word_collision(random_tensor(dtype, 8192 // torch.empty(0, dtype=dtype).element_size(), 30),
-                                    positions)
+def test_three_words_rotated_in_key_space_collide_under_public_keys(dtype: torch.dtype, positions: tuple) -> None:
+    a, b = three_word_collision(random_tensor(dtype, 8192 // torch.empty(0, dtype=dtype).element_size(), 30),
+                                positions)
     words_a, words_b = (np.frombuffer(tensor_bytes(t), dtype="<u8") for t in (a, b))
     assert np.flatnonzero(words_a != words_b).tolist() == sorted(positions)
-    assert fingerprint(a) == fingerprint(b)
-    assert spec_digest(tensor_bytes(a)) == spec_digest(tensor_bytes(b))  # the spec itself collides, not a bug
+    for version, key in PUBLIC_KEYS.items():  # the multisets of keys are equal: no mixer can tell them apart
+        assert fingerprint(a, key=key) == fingerprint(b, key=key)
+        assert spec_digest(tensor_bytes(a), prefix=version) == spec_digest(tensor_bytes(b), prefix=version)
     assert certificate(a) != certificate(b)
 
 
@@ -321,19 +334,48 @@ def test_three_words_rotated_in_key_space_collide_under_plain_fp1(dtype: torch.d
 KEY_CONSTANTS = ((0x3C6EF372FE94F82B, 0xA54FF53A5F1D36F1), (0x510E527FADE682D1, 0x9B05688C2B3E6C1F),
                  (0x1F83D9ABFB41BD6B, 0x5BE0CD19137E2179))  # fmt: skip
 KEY = DigestKey(*KEY_CONSTANTS)
+KEY_FP1 = DigestKey(*KEY_CONSTANTS, version="fp1")
 
 
-def test_fp1_key_is_plain_fp1() -> None:
+def test_public_keys_are_their_versions() -> None:
     t = random_tensor(torch.bfloat16, 1001, 31)
-    assert fingerprint(t, key=FP1_KEY) == fingerprint(t) == fingerprint_bytes(tensor_bytes(t), key=FP1_KEY)
+    assert fingerprint(t, key=FP2_KEY) == fingerprint(t) == fingerprint_bytes(tensor_bytes(t))
     assert spec_digest(tensor_bytes(t)) == fingerprint(t)
+    assert fingerprint(t, key=FP1_KEY) == fingerprint_bytes(tensor_bytes(t), key=FP1_KEY)
+    assert spec_digest(tensor_bytes(t), prefix="fp1") == fingerprint(t, key=FP1_KEY)
+    assert fingerprint(t, key=FP1_KEY)[4:] != fingerprint(t)[4:]
+
+
+def test_versions_differ_in_their_mixers_alone() -> None:
+    assert (FP1_KEY.pos_mul, FP1_KEY.pos_add, FP1_KEY.len_key) == (FP2_KEY.pos_mul, FP2_KEY.pos_add, FP2_KEY.len_key)
+    assert {v: PUBLIC_KEYS[v].mixers for v in PUBLIC_KEYS} == SPEC_MIXERS
+
+
+@pytest.mark.parametrize("version", list(SPEC_MIXERS))
+def test_each_mixer_is_a_bijection_with_full_avalanche(version: str) -> None:
+    """The proofs need bijective mixers (odd multipliers, shifts in 1..63); change detection beyond them rests
+    on mixing: flipping any one input bit flips each output bit in about half of 2^14 random inputs."""
+    from detlab.worker.fingerprint.reference import _mix_np
+
+    rng = np.random.default_rng(38)
+    x = rng.integers(0, 2**64, 1 << 14, dtype=np.uint64)
+    for mixer in SPEC_MIXERS[version]:
+        s1, m1, s2, m2, s3 = mixer
+        assert m1 & 1 and m2 & 1 and all(0 < s < 64 for s in (s1, s2, s3))
+        h = _mix_np(x.copy(), mixer)
+        assert len(np.unique(h)) == len(np.unique(x))
+        for bit in range(64):
+            flipped = h ^ _mix_np(x ^ np.uint64(1 << bit), mixer)
+            rate = np.unpackbits(flipped.view(np.uint8).reshape(-1, 8), axis=1).mean(axis=0)
+            assert np.all(np.abs(rate - 0.5) < 0.02), (mixer, bit)  # 6.5 sigma of sampling noise
 
 
 def test_keyed_reference_matches_the_spec_transcription() -> None:
     rng = random.Random(32)
     for n in [0, 1, 7, 8, 9, 100, 1001]:
         data = rng.randbytes(n)
-        assert fingerprint_bytes(data, key=KEY) == spec_digest(data, KEY_CONSTANTS, "fp1-keyed"), n
+        assert fingerprint_bytes(data, key=KEY) == spec_digest(data, KEY_CONSTANTS, "fp2-keyed"), n
+        assert fingerprint_bytes(data, key=KEY_FP1) == spec_digest(data, KEY_CONSTANTS, "fp1-keyed"), n
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -349,14 +391,15 @@ def test_keyed_torch_matches_keyed_reference(dtype: torch.dtype) -> None:
 
 def test_keyed_digest_is_marked_and_depends_on_the_key() -> None:
     t = random_tensor(torch.float32, 100, 35)
-    digests = {fingerprint(t, key=k) for k in (KEY, DigestKey.random(), DigestKey.random(), FP1_KEY)}
-    assert len(digests) == 4
-    assert re.fullmatch(r"fp1-keyed:[0-9a-f]{32}", fingerprint(t, key=KEY))
+    digests = {fingerprint(t, key=k) for k in (KEY, KEY_FP1, DigestKey.random(), DigestKey.random(), FP2_KEY)}
+    assert len(digests) == 5
+    assert re.fullmatch(r"fp2-keyed:[0-9a-f]{32}", fingerprint(t, key=KEY))
+    assert re.fullmatch(r"fp1-keyed:[0-9a-f]{32}", fingerprint(t, key=KEY_FP1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
-def test_random_keys_tell_the_fp1_colliding_pair_apart(dtype: torch.dtype) -> None:
-    a, b = fp1_three_word_collision(random_tensor(dtype, 512, 36), (3, 10, 41))
+def test_random_keys_tell_the_public_colliding_pair_apart(dtype: torch.dtype) -> None:
+    a, b = three_word_collision(random_tensor(dtype, 512, 36), (3, 10, 41))
     assert fingerprint(a) == fingerprint(b)
     for key in [KEY] + [DigestKey.random() for _ in range(20)]:
         assert fingerprint(a, key=key) != fingerprint(b, key=key)
@@ -375,9 +418,10 @@ def test_random_keys_are_fresh_with_odd_multipliers() -> None:
     assert "pos_mul" not in repr(keys[0])  # a key printed in a log or traceback is no longer secret
 
 
-@pytest.mark.parametrize("bad", [{"pos_mul": (2, 3)}, {"pos_add": (1 << 64, 0)}, {"len_key": (-1, 0)}])
+@pytest.mark.parametrize("bad", [{"pos_mul": (2, 3)}, {"pos_add": (1 << 64, 0)}, {"len_key": (-1, 0)},
+                                 {"version": "fp3"}])
 def test_digest_key_rejects_invalid_constants(bad: dict) -> None:
-    fields = dict(zip(("pos_mul", "pos_add", "len_key"), KEY_CONSTANTS, strict=True)) | bad
+    fields: dict = dict(zip(("pos_mul", "pos_add", "len_key"), KEY_CONSTANTS, strict=True)) | bad
     with pytest.raises(ValueError):
         DigestKey(**fields)
 
@@ -566,8 +610,9 @@ def test_quantized_tensors_are_refused_not_a_crash() -> None:
 
 
 def test_digest_format() -> None:
-    assert re.fullmatch(r"fp1:[0-9a-f]{32}", fingerprint(torch.ones(3)))
-    assert FP_VERSION == "fp1"
+    assert re.fullmatch(r"fp2:[0-9a-f]{32}", fingerprint(torch.ones(3)))
+    assert re.fullmatch(r"fp1:[0-9a-f]{32}", fingerprint(torch.ones(3), key=FP1_KEY))
+    assert FP_VERSION == "fp2"
 
 
 def test_packing_roundtrip() -> None:
@@ -575,11 +620,14 @@ def test_packing_roundtrip() -> None:
     packed = digest_to_bytes(digest)
     assert len(packed) == 16
     assert bytes_to_digest(packed) == digest
+    old = fingerprint(torch.ones(3), key=FP1_KEY)
+    assert bytes_to_digest(digest_to_bytes(old), "fp1") == old
 
 
-@pytest.mark.parametrize("bad", ["fp2:" + "0" * 32, "fp1:" + "0" * 31, "fp1:" + "A" * 32, "0" * 36])
+@pytest.mark.parametrize("bad", ["fp3:" + "0" * 32, "fp2:" + "0" * 31, "fp1:" + "A" * 32, "0" * 36,
+                                 "fp2-keyed:" + "0" * 32])
 def test_digest_to_bytes_rejects_malformed_digests(bad: str) -> None:
-    with pytest.raises(ValueError, match="fp1"):
+    with pytest.raises(ValueError, match="fp1, fp2"):
         digest_to_bytes(bad)
 
 
@@ -713,7 +761,7 @@ def test_triton_plan_cache_drops_the_least_recently_used_plan() -> None:
         triton_impl.fingerprint_many_triton([t])
     triton_impl.fingerprint_many_triton([tensors[0]])  # the oldest plan, used again
     triton_impl.fingerprint_many_triton([tensors[-1]])  # one plan too many: the second is dropped
-    kept = {key[2] for key in triton_impl._plans}
+    kept = {key[-1] for key in triton_impl._plans}  # (device, config, digest key, data pointers)
     assert (tensors[0].data_ptr(),) in kept and (tensors[1].data_ptr(),) not in kept
 
 
@@ -758,3 +806,17 @@ def test_quantized_cuda_tensor_is_refused_by_triton_and_torch_paths() -> None:
     for run in (fingerprint, fingerprint_torch, lambda t: fingerprint_many_triton([t])):
         with pytest.raises(TypeError, match="quantized"):
             run(q)
+
+
+@needs_cuda
+def test_fp1_on_request_runs_the_triton_kernel_and_matches_the_reference() -> None:
+    from detlab.worker.fingerprint import _triton_ready
+    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+
+    tensors = [random_tensor(d, 1003, i, device="cuda") for i, d in enumerate(DTYPES)]
+    want = [fingerprint_bytes(tensor_bytes(t), key=FP1_KEY) for t in tensors]
+    assert _triton_ready(torch.device("cuda"), FP1_KEY)
+    for _ in range(3):  # planned, kept and captured, replayed: under their own key, apart from fp2's plans
+        assert fingerprint_many(tensors, key=FP1_KEY) == want
+        assert fingerprint_many(tensors) == [fingerprint_bytes(tensor_bytes(t)) for t in tensors]
+    assert fingerprint_many_triton(tensors, key=FP1_KEY) == want

@@ -1,4 +1,4 @@
-"""Tensor fingerprints, version fp1: 128-bit, order-independent digests of a tensor's logical bytes.
+"""Tensor fingerprints (version fp2; fp1 on request): 128-bit digests of a tensor's logical bytes.
 
 `fingerprint_bytes` is the numpy reference; `fingerprint` / `fingerprint_many` pick the fastest
 implementation for the tensor's device and always agree with it. The algorithm, its guarantees, its threat
@@ -17,14 +17,27 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .reference import FP1_KEY, FP_VERSION, DigestKey, bytes_to_digest, digest_to_bytes, fingerprint_bytes
+from .reference import (
+    DEFAULT_KEY,
+    FP1_KEY,
+    FP2_KEY,
+    FP_VERSION,
+    PUBLIC_KEYS,
+    DigestKey,
+    bytes_to_digest,
+    digest_to_bytes,
+    fingerprint_bytes,
+)
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "DEFAULT_KEY",
     "FP1_KEY",
+    "FP2_KEY",
     "FP_VERSION",
+    "PUBLIC_KEYS",
     "DigestKey",
     "UnsupportedTensorError",
     "bytes_to_digest",
@@ -39,8 +52,8 @@ __all__ = [
 
 # Set DETLAB_FP_TRITON=0 to force the plain torch path on CUDA (debugging, A/B timing).
 _TRITON_ENV = "DETLAB_FP_TRITON"
-# device index -> whether the Triton kernel passed its self-check there
-_triton_ok: dict[int, bool] = {}
+# (device index, version) -> whether the Triton kernel passed its self-check there
+_triton_ok: dict[tuple[int, str], bool] = {}
 # Host copies for `certificate` / `tensor_bytes` of GPU tensors go in slices of this size.
 _HOST_SLICE_BYTES = 64 << 20
 
@@ -55,30 +68,31 @@ def _as_device(device: Any) -> torch.device:
     return device if isinstance(device, torch.device) else torch.device(device)
 
 
-def _triton_ready(device: torch.device) -> bool:
+def _triton_ready(device: torch.device, key: DigestKey = DEFAULT_KEY) -> bool:
     import torch
 
     # ROCm builds of torch call their GPUs "cuda" too; Triton runs there, behind the same self-check.
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
-    if os.environ.get(_TRITON_ENV) == "0":
+    if os.environ.get(_TRITON_ENV) == "0" or not key.public:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _triton_ok:
+    if (index, key.version) not in _triton_ok:
         try:
             from . import triton_impl
         except ImportError:
-            _triton_ok[index] = False
+            _triton_ok[index, key.version] = False
         else:
-            problem = triton_impl.check_against_reference(torch.device("cuda", index))
+            problem = triton_impl.check_against_reference(torch.device("cuda", index), key=key)
             if problem is not None:
                 warnings.warn(
-                    f"fingerprint: Triton kernel disabled on cuda:{index}, using torch-cuda ({problem})",
+                    f"fingerprint: Triton kernel disabled on cuda:{index} for {key.version}, using torch-cuda "
+                    f"({problem})",
                     RuntimeWarning,
                     stacklevel=3,
                 )
-            _triton_ok[index] = problem is None
-    return _triton_ok[index]
+            _triton_ok[index, key.version] = problem is None
+    return _triton_ok[index, key.version]
 
 
 def implementation_name(device: Any) -> str:
@@ -87,43 +101,43 @@ def implementation_name(device: Any) -> str:
     return "triton" if _triton_ready(dev) else f"torch-{dev.type}"
 
 
-def fingerprint(tensor: torch.Tensor, *, key: DigestKey = FP1_KEY) -> str:
-    """fp1 digest of a tensor's logical bytes (row-major, whatever its strides), e.g. 'fp1:<32 hex>'.
+def fingerprint(tensor: torch.Tensor, *, key: DigestKey = DEFAULT_KEY) -> str:
+    """Digest of a tensor's logical bytes (row-major, whatever its strides), e.g. 'fp2:<32 hex>'.
 
-    With `key` (e.g. `DigestKey.random()`), the keyed digest 'fp1-keyed:<32 hex>': comparable only with
-    digests under the same key. Raises UnsupportedTensorError for tensors whose bytes are not their values.
+    `key=FP1_KEY` gives the fp1 digest. With a secret key (`DigestKey.random()`), the keyed digest
+    'fp2-keyed:<32 hex>': comparable only with digests under the same key. Raises UnsupportedTensorError for
+    tensors whose bytes are not their values.
     """
     return fingerprint_many([tensor], key=key)[0]
 
 
-def fingerprint_many(tensors: Sequence[torch.Tensor], *, key: DigestKey = FP1_KEY) -> list[str]:
-    """fp1 (or keyed) digests of a list of tensors; for fp1, CUDA tensors on one device share one Triton launch.
-
-    Keyed digests always run on the torch implementation (the Triton kernel has fp1's constants built in).
+def fingerprint_many(tensors: Sequence[torch.Tensor], *, key: DigestKey = DEFAULT_KEY) -> list[str]:
+    """Digests of a list of tensors under `key`; under a public key (fp2, fp1), CUDA tensors on one device share
+    one Triton launch. Keyed digests always run on the torch implementation (the kernel's constants are public).
     """
     from .torch_impl import fingerprint_torch
 
-    if key != FP1_KEY:
+    if not key.public:
         return [fingerprint_torch(t, key=key) for t in tensors]
     devices = {t.device for t in tensors}
-    if len(devices) == 1 and _triton_ready(next(iter(devices))):
+    if len(devices) == 1 and _triton_ready(next(iter(devices)), key):
         # The common case (a model's parameters): one launch for the list as given, no regrouping by index.
         from .triton_impl import fingerprint_many_triton
 
-        return fingerprint_many_triton(tensors)
+        return fingerprint_many_triton(tensors, key=key)
     digests: list[str | None] = [None] * len(tensors)
     by_device: dict[Any, list[int]] = {}
     for i, t in enumerate(tensors):
         by_device.setdefault(t.device, []).append(i)
     for device, idx in by_device.items():
-        if _triton_ready(device):
+        if _triton_ready(device, key):
             from .triton_impl import fingerprint_many_triton
 
-            for i, d in zip(idx, fingerprint_many_triton([tensors[i] for i in idx]), strict=True):
+            for i, d in zip(idx, fingerprint_many_triton([tensors[i] for i in idx], key=key), strict=True):
                 digests[i] = d
         else:
             for i in idx:
-                digests[i] = fingerprint_torch(tensors[i])
+                digests[i] = fingerprint_torch(tensors[i], key=key)
     return cast(list[str], digests)  # every index belongs to exactly one device group
 
 

@@ -1,4 +1,4 @@
-"""fp1 in plain torch ops: one code path for CPU, CUDA and ROCm, no Triton; keyed digests run here too.
+"""Fingerprints of every version, keyed too, in plain torch ops: one path for CPU, CUDA and ROCm, no Triton.
 
 torch has no unsigned 64-bit arithmetic on every backend, so words live in int64: addition and
 multiplication wrap mod 2^64 (two's complement), which is all the algorithm needs, and right shifts are
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import UnsupportedTensorError
-from .reference import FP1_KEY, MASK64, MIX0, MIX1, WORD_BYTES, DigestKey, finalize
+from .reference import DEFAULT_KEY, MASK64, WORD_BYTES, DigestKey, Mixer, finalize
 
 # Words per chunk. On CPU a small chunk keeps the ~3 int64 temporaries per lane inside L2; on GPUs a
 # large one amortises launch overhead while bounding the extra memory to ~1 GiB.
@@ -84,7 +84,7 @@ def _logical_shift_right(z: torch.Tensor, s: int) -> torch.Tensor:
     return torch.bitwise_and(z >> s, (1 << (64 - s)) - 1)
 
 
-def _mix_(z: torch.Tensor, params: tuple[int, int, int, int, int]) -> torch.Tensor:
+def _mix_(z: torch.Tensor, params: Mixer) -> torch.Tensor:
     s1, m1, s2, m2, s3 = params
     z ^= _logical_shift_right(z, s1)
     z *= _signed(m1)
@@ -94,12 +94,12 @@ def _mix_(z: torch.Tensor, params: tuple[int, int, int, int, int]) -> torch.Tens
     return z
 
 
-def lane_sums_words(words: torch.Tensor, first_pos: int, key: DigestKey = FP1_KEY) -> torch.Tensor:
+def lane_sums_words(words: torch.Tensor, first_pos: int, key: DigestKey = DEFAULT_KEY) -> torch.Tensor:
     """int64[2] lane sums of `words` (an int64 tensor of little-endian words) starting at word first_pos."""
     pos = torch.arange(words.numel(), dtype=torch.int64, device=words.device)
     pos += _signed(first_pos)
     sums = []
-    for lane, params in enumerate((MIX0, MIX1)):
+    for lane, params in enumerate(key.mixers):
         offset = pos * _signed(key.pos_mul[lane])
         if key.pos_add[lane]:
             offset += _signed(key.pos_add[lane])
@@ -108,7 +108,9 @@ def lane_sums_words(words: torch.Tensor, first_pos: int, key: DigestKey = FP1_KE
     return torch.stack(sums)
 
 
-def lane_sums(tensor: torch.Tensor, chunk_words: int | None = None, key: DigestKey = FP1_KEY) -> tuple[int, int, int]:
+def lane_sums(
+    tensor: torch.Tensor, chunk_words: int | None = None, key: DigestKey = DEFAULT_KEY
+) -> tuple[int, int, int]:
     """(lane sum 0, lane sum 1, byte length) of a tensor's logical bytes."""
     u8 = byte_view(tensor)
     nbytes = u8.numel()
@@ -133,8 +135,8 @@ def lane_sums(tensor: torch.Tensor, chunk_words: int | None = None, key: DigestK
     return s0, s1, nbytes
 
 
-def fingerprint_torch(tensor: torch.Tensor, chunk_words: int | None = None, key: DigestKey = FP1_KEY) -> str:
-    """fp1 digest (keyed, under `key`) computed with plain torch ops on the tensor's own device."""
+def fingerprint_torch(tensor: torch.Tensor, chunk_words: int | None = None, key: DigestKey = DEFAULT_KEY) -> str:
+    """Digest under `key` (fp2 by default) computed with plain torch ops on the tensor's own device."""
     with torch.no_grad():
         s0, s1, nbytes = lane_sums(tensor, chunk_words, key)
     return finalize(s0, s1, nbytes, key)

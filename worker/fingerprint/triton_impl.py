@@ -1,4 +1,4 @@
-"""fp1 as one Triton launch for a whole list of CUDA tensors.
+"""Public-key fingerprints (fp2, or fp1) as one Triton launch for a whole list of CUDA tensors.
 
 Each tensor's bytes are read in place as little-endian 64-bit words (copied first only if the tensor is not
 contiguous or not 16-byte aligned); the kernel zero-pads a last partial word itself. Each program hashes one
@@ -14,13 +14,14 @@ conj/neg bits); only then does it wait and read the result, or, on a mismatch, d
 plan holds raw pointers only, never the tensors, so it keeps no memory alive; it is valid for whatever
 tensors have those pointers and that layout, because the bytes are read at launch.
 
-The mixing constants are literals in the kernel and must equal those in reference.py;
-`check_against_reference` (run once per device before first use), the tests and `bench/fingerprint.py
---check` verify that they do.
+The version's mixers are compile-time constants of the kernel (one compiled kernel per version), the
+position multipliers literals; `check_against_reference` (run once per device and version before first use),
+the tests and `bench/fingerprint.py --check` verify that they equal those in reference.py.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import FP_VERSION, LEN_KEY, MASK64, MIX0, MIX1, POS_MUL, WORD_BYTES, fingerprint_bytes
+from .reference import DEFAULT_KEY, MASK64, POS_MUL, WORD_BYTES, DigestKey, fingerprint_bytes
 from .torch_impl import byte_view, check_supported
 
 # Tensors are read in place only from 16-byte aligned addresses, so the kernel may use 128-bit loads.
@@ -64,28 +65,22 @@ CONFIG = KernelConfig()
 
 
 @triton.jit
-def _mix0(z):
-    # splitmix64 finalizer; z is uint64, so >> is a logical shift and * wraps mod 2^64.
-    z = z ^ (z >> 30)
-    z = z * 0xBF58476D1CE4E5B9
-    z = z ^ (z >> 27)
-    z = z * 0x94D049BB133111EB
-    return z ^ (z >> 31)
+def _mix(z, S1: tl.constexpr, M1: tl.constexpr, S2: tl.constexpr, M2: tl.constexpr, S3: tl.constexpr):
+    # A lane mixer (reference.Mixer); z is uint64, so >> is a logical shift and * wraps mod 2^64. A shift by
+    # 32 costs one 32-bit XOR: fp2's mixers use two of them, which is what makes fp2 fast on GPUs.
+    z = z ^ (z >> S1)
+    z = z * M1
+    z = z ^ (z >> S2)
+    z = z * M2
+    return z ^ (z >> S3)
 
 
 @triton.jit
-def _mix1(z):
-    # MurmurHash3 fmix64.
-    z = z ^ (z >> 33)
-    z = z * 0xFF51AFD7ED558CCD
-    z = z ^ (z >> 33)
-    z = z * 0xC4CEB9FE1A85EC53
-    return z ^ (z >> 33)
-
-
-@triton.jit
-def _fp1_kernel(t_addr, t_nbytes, t_prog0, prog_tensor, sums, BLOCK: tl.constexpr, ITERS: tl.constexpr,
-                STEP0: tl.constexpr, STEP1: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
+def _fp_kernel(t_addr, t_nbytes, t_prog0, prog_tensor, sums, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+               STEP0: tl.constexpr, STEP1: tl.constexpr, PREFETCH: tl.constexpr,
+               A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, A4: tl.constexpr, A5: tl.constexpr,
+               B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, B4: tl.constexpr, B5: tl.constexpr):  # fmt: skip
+    # A1..A5: lane 0's mixer, B1..B5: lane 1's.
     pid = tl.program_id(0)
     i = tl.load(prog_tensor + pid)
     first = tl.multiple_of((pid - tl.load(t_prog0 + i)) * (BLOCK * ITERS), BLOCK)  # int64: no size limit
@@ -108,15 +103,15 @@ def _fp1_kernel(t_addr, t_nbytes, t_prog0, prog_tensor, sums, BLOCK: tl.constexp
         for it in range(0, nfull):
             word = ahead.to(tl.uint64, bitcast=True)
             ahead = tl.load(base + (first + tl.minimum(it + 1, nfull - 1) * BLOCK + lanes))
-            acc0 += _mix0(word ^ key0)
-            acc1 += _mix1(word ^ key1)
+            acc0 += _mix(word ^ key0, A1, A2, A3, A4, A5)
+            acc1 += _mix(word ^ key1, B1, B2, B3, B4, B5)
             key0 += STEP0
             key1 += STEP1
     else:
         for it in range(0, nfull):
             word = tl.load(base + (first + it * BLOCK + lanes)).to(tl.uint64, bitcast=True)
-            acc0 += _mix0(word ^ key0)
-            acc1 += _mix1(word ^ key1)
+            acc0 += _mix(word ^ key0, A1, A2, A3, A4, A5)
+            acc1 += _mix(word ^ key1, B1, B2, B3, B4, B5)
             key0 += STEP0
             key1 += STEP1
     if nfull < ITERS:
@@ -129,10 +124,27 @@ def _fp1_kernel(t_addr, t_nbytes, t_prog0, prog_tensor, sums, BLOCK: tl.constexp
         word = tl.load(base + idx, mask=idx < nwords, other=0).to(tl.uint64, bitcast=True)
         word = tl.where(idx == nwords, tail_word, word)
         mask = idx < (nbytes + 7) // 8
-        acc0 += tl.where(mask, _mix0(word ^ key0), 0)
-        acc1 += tl.where(mask, _mix1(word ^ key1), 0)
+        acc0 += tl.where(mask, _mix(word ^ key0, A1, A2, A3, A4, A5), 0)
+        acc1 += tl.where(mask, _mix(word ^ key1, B1, B2, B3, B4, B5), 0)
     tl.atomic_add(sums + 2 * i, tl.sum(acc0, axis=0).to(tl.int64, bitcast=True))
     tl.atomic_add(sums + 2 * i + 1, tl.sum(acc1, axis=0).to(tl.int64, bitcast=True))
+
+
+@triton.jit
+def _finalize_kernel(sums, len_mix, out, n, BLOCK: tl.constexpr,
+                     A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, A4: tl.constexpr,
+                     A5: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr,
+                     B4: tl.constexpr, B5: tl.constexpr):  # fmt: skip
+    # h_k = M_k(S_k XOR M_k(L XOR F_k)), the second half (len_mix) computed on the host when planning. On the
+    # GPU, so that the host only formats what comes back: a call on a large tensor waits for no numpy work.
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    s0 = tl.load(sums + 2 * i, mask=mask).to(tl.uint64, bitcast=True)
+    s1 = tl.load(sums + 2 * i + 1, mask=mask).to(tl.uint64, bitcast=True)
+    m0 = tl.load(len_mix + 2 * i, mask=mask).to(tl.uint64, bitcast=True)
+    m1 = tl.load(len_mix + 2 * i + 1, mask=mask).to(tl.uint64, bitcast=True)
+    tl.store(out + 2 * i, _mix(s0 ^ m0, A1, A2, A3, A4, A5).to(tl.int64, bitcast=True), mask=mask)
+    tl.store(out + 2 * i + 1, _mix(s1 ^ m1, B1, B2, B3, B4, B5).to(tl.int64, bitcast=True), mask=mask)
 
 
 @dataclass(eq=False)
@@ -140,31 +152,37 @@ class Plan:
     """Everything one launch needs, and the buffers it writes; `copies` keeps copied tensors alive."""
 
     config: KernelConfig
+    key: DigestKey  # public: the version's mixers are compiled into the kernel
     programs: int
-    table: torch.Tensor  # int64: address, byte length, first program per tensor; then the tensor of each program
-    args: tuple[torch.Tensor, ...]  # views of `table`, in the kernel's argument order
-    len_mix: np.ndarray  # uint64[n, 2]: M_k(L XOR F_k) per tensor and lane, the length half of finalisation
+    # int64: address, byte length, first program per tensor; the tensor of each program; then per tensor and
+    # lane M_k(L XOR F_k), the length half of finalisation
+    table: torch.Tensor
+    args: tuple[torch.Tensor, ...]  # views of `table`, in the hash kernel's argument order
+    len_mix: torch.Tensor  # int64[n, 2], a view of `table`
     copies: list[torch.Tensor]  # non-empty: this plan holds per-call data and must not be kept
     layout: tuple  # _layout() of the tensors planned: with their data pointers, what a kept plan must match
     sums: torch.Tensor  # int64[n, 2] lane sums, on the device
-    host: torch.Tensor  # the same, copied back into pinned memory
-    graph: torch.cuda.CUDAGraph | None = None  # zero, kernel and copy back, captured on the plan's first reuse
+    final: torch.Tensor  # int64[n, 2] (h_0, h_1) per tensor, on the device
+    host: torch.Tensor  # `final` copied back into pinned memory
+    graph: torch.cuda.CUDAGraph | None = None  # zero, kernels and copy back, captured on the plan's first reuse
     capturable: bool = True  # False once a capture failed: launch directly from then on
     lock: threading.Lock = field(default_factory=threading.Lock)  # one run at a time uses sums and host
 
 
 # Both lanes at once: column k of a uint64[n, 2] array goes through mixer M_k (same steps, other constants).
-_SHIFTS = [np.array([MIX0[s], MIX1[s]], dtype=np.uint64) for s in (0, 2, 4)]
-_MULS = [np.array([MIX0[m], MIX1[m]], dtype=np.uint64) for m in (1, 3)]
-_LEN_KEYS = np.array(LEN_KEY, dtype=np.uint64)
+@functools.cache
+def _lane_constants(key: DigestKey) -> np.ndarray:
+    """uint64[5, 2]: the five constants of each lane's mixer, one column per lane."""
+    return np.array(key.mixers, dtype=np.uint64).T
 
 
-def _mix_lanes(z: np.ndarray) -> np.ndarray:
-    z ^= z >> _SHIFTS[0]
-    z *= _MULS[0]
-    z ^= z >> _SHIFTS[1]
-    z *= _MULS[1]
-    z ^= z >> _SHIFTS[2]
+def _mix_lanes(z: np.ndarray, key: DigestKey) -> np.ndarray:
+    c = _lane_constants(key)
+    z ^= z >> c[0]
+    z *= c[1]
+    z ^= z >> c[2]
+    z *= c[3]
+    z ^= z >> c[4]
     return z
 
 
@@ -190,7 +208,7 @@ def _readable_in_place(t: torch.Tensor) -> bool:
     )
 
 
-def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG) -> Plan:
+def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG, key: DigestKey = DEFAULT_KEY) -> Plan:
     """Lay tensors out as tiles and upload the launch table (the host side of a launch)."""
     addrs, nbytes, copies = [], [], []
     for t in tensors:
@@ -207,8 +225,9 @@ def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG) -> Plan
     words = (nb + WORD_BYTES - 1) // WORD_BYTES  # the last one zero-padded
     nprog = (words + config.tile - 1) // config.tile  # 0 for an empty tensor
     programs = int(nprog.sum())
+    len_mix = _mix_lanes(nb.astype(np.uint64)[:, None] ^ np.array(key.len_key, dtype=np.uint64), key)
     host = np.concatenate([np.array(addrs, dtype=np.int64), nb, np.cumsum(nprog) - nprog,
-                           np.repeat(np.arange(n, dtype=np.int64), nprog)])  # fmt: skip
+                           np.repeat(np.arange(n, dtype=np.int64), nprog), len_mix.view(np.int64).ravel()])  # fmt: skip
     device = tensors[0].device
     # Pinned, so the upload does not wait for the host; the allocator keeps it until the copy is done.
     table = torch.from_numpy(host).pin_memory().to(device, non_blocking=True)
@@ -216,11 +235,13 @@ def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG) -> Plan
         config=config,
         programs=programs,
         table=table,
-        args=(table[:n], table[n : 2 * n], table[2 * n : 3 * n], table[3 * n :]),
-        len_mix=_mix_lanes(nb.astype(np.uint64)[:, None] ^ _LEN_KEYS),
+        args=(table[:n], table[n : 2 * n], table[2 * n : 3 * n], table[3 * n : 3 * n + programs]),
+        key=key,
+        len_mix=table[3 * n + programs :].view(n, 2),
         copies=copies,
         layout=_layout(tensors),
         sums=torch.empty((n, 2), dtype=torch.int64, device=device),
+        final=torch.empty((n, 2), dtype=torch.int64, device=device),
         host=torch.empty((n, 2), dtype=torch.int64, pin_memory=True),
     )
 
@@ -230,16 +251,28 @@ def launch(p: Plan) -> torch.Tensor:
     p.sums.zero_()
     if p.programs:
         c = p.config
-        _fp1_kernel[(p.programs,)](
+        (a1, a2, a3, a4, a5), (b1, b2, b3, b4, b5) = p.key.mixers
+        _fp_kernel[(p.programs,)](
             *p.args, p.sums, BLOCK=c.block, ITERS=c.iters, STEP0=(c.block * POS_MUL[0]) & MASK64,
             STEP1=(c.block * POS_MUL[1]) & MASK64, PREFETCH=c.prefetch, num_warps=c.num_warps,
+            A1=a1, A2=a2, A3=a3, A4=a4, A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5,
         )  # fmt: skip
     return p.sums
 
 
+# Tensors per program of the finalisation kernel.
+_FINAL_BLOCK = 128
+
+
 def _launch_and_copy(p: Plan) -> None:
     launch(p)
-    p.host.copy_(p.sums, non_blocking=True)
+    n = p.sums.shape[0]
+    (a1, a2, a3, a4, a5), (b1, b2, b3, b4, b5) = p.key.mixers
+    _finalize_kernel[(triton.cdiv(n, _FINAL_BLOCK),)](
+        p.sums, p.len_mix, p.final, n, BLOCK=_FINAL_BLOCK,
+        A1=a1, A2=a2, A3=a3, A4=a4, A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5,
+    )  # fmt: skip
+    p.host.copy_(p.final, non_blocking=True)
 
 
 def _capture(p: Plan) -> None:
@@ -269,7 +302,7 @@ def _capture(p: Plan) -> None:
 
 
 def run(p: Plan) -> None:
-    """Queue the lane sums and their copy to `p.host` on the current stream (call `digests` to read them)."""
+    """Queue the digests and their copy to `p.host` on the current stream (call `digests` to read them)."""
     if p.graph is not None:
         p.graph.replay()
     else:
@@ -277,15 +310,19 @@ def run(p: Plan) -> None:
 
 
 def digests(p: Plan) -> list[str]:
-    """Wait for the queued run and finalise its lane sums into digest strings."""
+    """Wait for the queued run and read its digest strings."""
     torch.cuda.current_stream(p.sums.device).synchronize()
-    h = _mix_lanes(p.host.numpy().view(np.uint64) ^ p.len_mix)
+    return read_digests(p)
+
+
+def read_digests(p: Plan) -> list[str]:
+    """The digest strings of a run whose copy to `p.host` is known to be done."""
     # One big-endian hex dump then slicing: h_0 then h_1, 32 hex digits per tensor.
-    hexed = h.astype(">u8").tobytes().hex()
-    return [f"{FP_VERSION}:{hexed[i : i + 32]}" for i in range(0, len(hexed), 32)]
+    hexed = p.host.numpy().view(np.uint64).astype(">u8").tobytes().hex()
+    return [f"{p.key.prefix}:{hexed[i : i + 32]}" for i in range(0, len(hexed), 32)]
 
 
-# (device, config, data pointers) -> Plan without copies; in order of use, the least recently used first.
+# (device, config, key, data pointers) -> Plan without copies; in order of use, the least recently used first.
 _plans: dict[tuple, Plan] = {}
 _plans_lock = threading.Lock()
 
@@ -312,8 +349,10 @@ def _keep(key: tuple, p: Plan) -> None:
             del _plans[next(iter(_plans))]
 
 
-def fingerprint_many_triton(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG) -> list[str]:
-    """fp1 digests of CUDA tensors that all live on one device, with a single kernel launch.
+def fingerprint_many_triton(
+    tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG, key: DigestKey = DEFAULT_KEY
+) -> list[str]:
+    """Digests under a public key (fp2 by default) of CUDA tensors that all live on one device, in one launch.
 
     A list whose data pointers match a kept plan is run first and checked against the plan's `_layout`
     while the GPU works, since the check costs the host about as long as the kernel takes; on a mismatch
@@ -325,9 +364,11 @@ def fingerprint_many_triton(tensors: Sequence[torch.Tensor], config: KernelConfi
         ptrs: tuple | None = tuple(map(torch.Tensor.data_ptr, tensors))
     except RuntimeError:  # e.g. a sparse tensor: plan() says why
         ptrs = None
-    key = (tensors[0].device, config, ptrs)
+    if not key.public:
+        raise ValueError("the Triton kernel computes public-key digests only; keyed digests take the torch path")
+    cache_key = (tensors[0].device, config, key, ptrs)
     with torch.cuda.device(tensors[0].device):
-        kept = _kept(key) if ptrs is not None else None
+        kept = _kept(cache_key) if ptrs is not None else None
         if kept is not None:
             with kept.lock:
                 if kept.graph is None and kept.capturable:
@@ -338,11 +379,11 @@ def fingerprint_many_triton(tensors: Sequence[torch.Tensor], config: KernelConfi
                 # Let the dropped run finish before the plan (its graph and pinned buffer) can be freed.
                 torch.cuda.current_stream().synchronize()
         with torch.no_grad():
-            p = plan(tensors, config)
+            p = plan(tensors, config, key)
         with p.lock:
             run(p)
             if ptrs is not None and not p.copies:
-                _keep(key, p)
+                _keep(cache_key, p)
             return digests(p)
 
 
@@ -363,18 +404,20 @@ def _check_cases(device: torch.device, tile: int) -> list[torch.Tensor]:
     ]
 
 
-def check_against_reference(device: torch.device, config: KernelConfig = CONFIG) -> str | None:
+def check_against_reference(
+    device: torch.device, config: KernelConfig = CONFIG, key: DigestKey = DEFAULT_KEY
+) -> str | None:
     """Run the kernel on a few awkward tensors; None if it matches the reference, else what differed."""
     try:
         cases = _check_cases(device, config.tile)
-        together = fingerprint_many_triton(cases, config)  # holds copies: planned anew each call
+        together = fingerprint_many_triton(cases, config, key)  # holds copies: planned anew each call
         # One by one, three times: the in-place ones are planned and kept, captured as a graph, replayed.
-        alone = [[fingerprint_many_triton([c], config)[0] for _ in range(3)] for c in cases]
+        alone = [[fingerprint_many_triton([c], config, key)[0] for _ in range(3)] for c in cases]
     except Exception as exc:  # a broken Triton install must not break training runs: fall back, loudly
         return f"Triton kernel failed: {type(exc).__name__}: {exc}"
     for case, first, rest in zip(cases, together, alone, strict=True):
         got = [first, *rest]
-        want = fingerprint_bytes(byte_view(case).cpu().numpy().tobytes())
+        want = fingerprint_bytes(byte_view(case).cpu().numpy().tobytes(), key=key)
         if any(digest != want for digest in got):
             return f"Triton digests {got} != reference {want} for {case.dtype} {tuple(case.shape)}"
     return None
