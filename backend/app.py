@@ -10,16 +10,21 @@ from pathlib import Path
 import plotly
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
-from fastapi.staticfiles import StaticFiles
+from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.responses import JSONResponse, Response
 
-from detlab.backend.api import ingest, jobs, meta
+from detlab.backend import static
+from detlab.backend.api import auth, compare, findings, ingest, jobs, meta
+from detlab.backend.api.deps import SESSION_COOKIE, PageAccess, Reading
+from detlab.backend.figures.train import warm_up as warm_up_figures
+from detlab.backend.guards import Guard
 from detlab.backend.limits import BodyLimit
 from detlab.core.settings import Settings, get_settings
 from detlab.core.text import escaped
 
 FRONTEND = Path(str(files("detlab.frontend")))
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+STATIC_OVERRIDES = {"plotly.min.js": PLOTLY_JS}  # served as /static/plotly.min.js, from the plotly package
 
 
 def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> FastAPI:
@@ -35,13 +40,19 @@ def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> 
 
             thread = ReconcilerThread(settings)
             thread.start()
+        warm_up_figures()  # plotly loads its templates and validators on first use: not on a reader's time
         yield
         if thread:
             thread.stop.set()
 
-    app = FastAPI(title="detlab", version="0.1.0", lifespan=lifespan)
+    # No /docs or /redoc: their pages load scripts from a CDN and run an inline one, which the CSP
+    # (detlab.backend.guards) refuses. The schema is at /openapi.json.
+    app = FastAPI(title="detlab", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    # JSON results and figures; static files come gzipped already (detlab.backend.static) and are skipped.
+    app.add_middleware(GZipMiddleware, minimum_size=1024, compresslevel=5)
+    app.add_middleware(Guard, settings=settings, session_cookie=SESSION_COOKIE)  # outermost: runs first
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -52,27 +63,48 @@ def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> 
                    "msg": escaped(e["msg"])} for e in exc.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
 
-    app.include_router(meta.router)
-    app.include_router(jobs.router)
-    app.include_router(jobs.runs_router)
+    # Outside auth mode none everything but health needs an identity: reading needs scope `read`; submitting
+    # and cancelling also `submit` (deps.CurrentUser); ingest takes its own tokens.
+    app.include_router(meta.health_router)
+    app.include_router(meta.router, dependencies=[Reading])
+    app.include_router(findings.router, dependencies=[Reading])
+    app.include_router(jobs.router, dependencies=[Reading])
+    app.include_router(jobs.runs_router, dependencies=[Reading])
+    app.include_router(compare.router, dependencies=[Reading])
     app.include_router(ingest.router)
+    app.include_router(auth.router)
 
-    @app.get("/static/plotly.min.js", include_in_schema=False)
-    def plotly_js() -> Response:
-        return FileResponse(PLOTLY_JS, media_type="application/javascript")
+    static_dir = FRONTEND / "static"
 
-    app.mount("/static", StaticFiles(directory=FRONTEND / "static"), name="static")
+    @app.get("/static/{name:path}", include_in_schema=False)
+    def static_file(name: str, request: Request) -> Response:
+        return static.static_file(request, static_dir, name, STATIC_OVERRIDES)
 
-    @app.get("/", include_in_schema=False)
-    def index_page() -> Response:
-        return FileResponse(FRONTEND / "index.html")
+    def page(name: str, request: Request) -> Response:
+        return static.page(request, FRONTEND / name, static_dir, STATIC_OVERRIDES)
 
-    @app.get("/findings", include_in_schema=False)
-    def findings_page() -> Response:
-        return FileResponse(FRONTEND / "findings.html")
+    @app.get("/", include_in_schema=False, dependencies=[PageAccess])
+    def index_page(request: Request) -> Response:
+        return page("index.html", request)
 
-    @app.get("/jobs/{job_id}", include_in_schema=False)
-    def job_page(job_id: int) -> Response:
-        return FileResponse(FRONTEND / "job.html")
+    @app.get("/findings", include_in_schema=False, dependencies=[PageAccess])
+    def findings_page(request: Request) -> Response:
+        return page("findings.html", request)
+
+    @app.get("/jobs", include_in_schema=False, dependencies=[PageAccess])
+    def jobs_page(request: Request) -> Response:
+        return page("jobs.html", request)
+
+    @app.get("/jobs/{job_id}", include_in_schema=False, dependencies=[PageAccess])
+    def job_page(job_id: int, request: Request) -> Response:
+        return page("job.html", request)
+
+    @app.get("/compare", include_in_schema=False, dependencies=[PageAccess])
+    def compare_page(request: Request) -> Response:
+        return page("compare.html", request)
+
+    @app.get("/login", include_in_schema=False)
+    def login_page(request: Request) -> Response:
+        return page("login.html", request)
 
     return app

@@ -21,6 +21,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, object_session, relationship
 
+from detlab.core.wire import TAG_LENGTH
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -31,6 +33,8 @@ NAMING = {
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
 FINISHED = (SUCCEEDED, FAILED, CANCELLED)
+# A job of this kind is an SDK recording (services.recordings): its one run is fed by the SDK, never by a worker.
+RECORDING = "recording"
 
 
 def utcnow() -> datetime:
@@ -53,8 +57,14 @@ class Config(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+
+
 class Job(Base):
     __tablename__ = "jobs"
+    # The jobs list filters and sorts on these; the id breaks ties, so paging is stable.
+    __table_args__ = (Index("ix_jobs_status_id", "status", "id"), Index("ix_jobs_workload_id", "workload", "id"),
+                      Index("ix_jobs_kind_id", "kind", "id"), Index("ix_jobs_verdict_id", "verdict", "id"),
+                      Index("ix_jobs_submitter_id", "submitter", "id"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))
@@ -64,7 +74,7 @@ class Job(Base):
     repeats: Mapped[int]
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)
     config_ids: Mapped[list[Any]]
-    status: Mapped[str] = mapped_column(String(16), default=QUEUED, index=True)
+    status: Mapped[str] = mapped_column(String(16), default=QUEUED)  # indexed with the id, above
     submitter: Mapped[str | None] = mapped_column(String(64))
     queue: Mapped[str] = mapped_column(String(64), default="default")
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
@@ -73,6 +83,11 @@ class Job(Base):
     # until then ({} when it finished with nothing recorded). Jobs finished before the column existed
     # get theirs on the first read of a result page.
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # The result in one word, for listings, set with it (services.settle.list_verdict): a train pair's
+    # verdict, else reproducible / not-reproducible; null while unfinished or nothing was compared.
+    verdict: Mapped[str | None] = mapped_column(String(32))
+    # Labels users give a job, in their order; job_tags holds them again, one row each, for filtering.
+    tags: Mapped[list[Any]] = mapped_column(default=list)
 
     runs: Mapped[list[Run]] = relationship(back_populates="job", order_by="Run.id")
 
@@ -95,13 +110,15 @@ class Job(Base):
         done = sum(r.steps_total if r.status in FINISHED else r.steps_done for r in self.runs)
         return min(1.0, done / total)
 
-    @property
-    def verdict(self) -> str | None:
-        """The train verdict for listings. Jobs settled before results were stored kept it in params."""
-        if self.result is not None:
-            return self.result.get("verdict")
-        verdict = self.params.get("verdict")
-        return verdict if isinstance(verdict, str) else None
+
+class JobTag(Base):
+    """One tag of a job: the jobs list filters on tags through this table's index."""
+
+    __tablename__ = "job_tags"
+    __table_args__ = (Index("ix_job_tags_tag_job_id", "tag", "job_id"),)
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(TAG_LENGTH), primary_key=True)
 
 
 IDEMPOTENCY_KEY_LENGTH = 128
@@ -121,7 +138,9 @@ class IdempotencyKey(Base):
 
 class Run(Base):
     __tablename__ = "runs"
-    __table_args__ = (UniqueConstraint("job_id", "config_index", "repeat"),)
+    # The jobs list's config filter goes from a config to its jobs on the second index alone.
+    __table_args__ = (UniqueConstraint("job_id", "config_index", "repeat"),
+                      Index("ix_runs_config_id_job_id", "config_id", "job_id"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
@@ -263,3 +282,91 @@ class Finding(Base):
     runs: Mapped[int]
     reproducible: Mapped[bool]
     busbw_gbps: Mapped[float | None] = mapped_column(Float)
+
+
+class FindingCell(Base):
+    """One measurement in the team's history, what the findings pages and API read: a config on a
+    workload (and, for collectives, an op and dtype, its sizes folded) on a stack, from one job or
+    imported file. Train jobs give one per config; collective/sweep jobs one per config × op × dtype,
+    aggregating their `findings` rows. Matrices aggregate these rows in SQL, indexed for that."""
+
+    __tablename__ = "finding_cells"
+    __table_args__ = (
+        UniqueConstraint("source", "config_index", "op", "dtype"),
+        # A matrix is read from this index alone on PostgreSQL (an index-only scan of its scope).
+        Index("ix_finding_cells_matrix", "kind", "workload", "op", "dtype", "config", "stack", "measured_at",
+              postgresql_include=["identical", "comparable", "first_divergent_step", "job_id", "busbw_gbps"]),
+        Index("ix_finding_cells_scope", "kind", "workload", "op", "dtype", "measured_at"),
+        Index("ix_finding_cells_history", "config", "stack", "measured_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    source: Mapped[str] = mapped_column(String(255), index=True)
+    # The job in this database it came from (null for imported files; kept when the job is deleted).
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
+    measured_at: Mapped[datetime]
+    kind: Mapped[str] = mapped_column(String(16))  # "train" or "collective"
+    workload: Mapped[str] = mapped_column(String(64))  # the train workload; "collective" for collectives
+    op: Mapped[str] = mapped_column(String(32))  # the collective op; "" for train
+    dtype: Mapped[str] = mapped_column(String(16))  # the collective dtype; "" for train
+    config_index: Mapped[int]
+    config: Mapped[str] = mapped_column(String(64))
+    config_env: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The stack: one label to group by, and its facts apart.
+    stack: Mapped[str] = mapped_column(String(255))
+    hardware: Mapped[str] = mapped_column(String(128))  # "4 x NVIDIA H200"
+    world_size: Mapped[int]
+    driver: Mapped[str | None] = mapped_column(String(64))
+    runtime: Mapped[str | None] = mapped_column(String(32))  # "CUDA 12.8", "ROCm 6.2"
+    torch: Mapped[str | None] = mapped_column(String(64))
+    library: Mapped[str] = mapped_column(String(64))  # "NCCL 2.28.9", "gloo"
+    # k of n: train, repeats identical to the first of the comparable ones; collective, sizes reproducible.
+    identical: Mapped[int]
+    comparable: Mapped[int]
+    runs: Mapped[int]  # train: repeats run; collective: fewest fresh processes of a size
+    cost: Mapped[float | None] = mapped_column(Float)  # train: against config 0 of the job
+    cost_lo: Mapped[float | None] = mapped_column(Float)  # bootstrap 95 % interval
+    cost_hi: Mapped[float | None] = mapped_column(Float)
+    first_divergent_step: Mapped[int | None]  # train: the earliest step a repeat parted from the first
+    largest_bytes: Mapped[int | None] = mapped_column(BigInteger)  # collective
+    busbw_gbps: Mapped[float | None] = mapped_column(Float)  # collective: at the largest size
+
+
+class User(Base):
+    """A person of auth mode `local`: a role (viewer, member, admin) and an argon2 password hash."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    password_hash: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiToken(Base):
+    """A bearer token for the CLI, CI and the SDK: only its sha256 is kept, with the scopes it grants."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    user: Mapped[User] = relationship()
+
+
+class BrowserSession(Base):
+    """A logged-in browser: the sha256 of its cookie, until it expires or logs out."""
+
+    __tablename__ = "browser_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+
+    user: Mapped[User] = relationship()

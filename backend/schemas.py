@@ -7,12 +7,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from detlab.backend.models import CANCELLED, FAILED, QUEUED, RECORDING, RUNNING, SUCCEEDED
 from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
 from detlab.core.text import storable
 
 # The ingest bodies (Claim, RecordsBatch, CommLogUpload, Finish, Heartbeat) are the wire contract
 # between server and worker: detlab.core.wire.
-from detlab.core.wire import INT32, BitFlip
+from detlab.core.wire import INT32, INT64, MAX_TAGS, BitFlip, Tag, Tags
 
 
 class RequestBody(BaseModel):
@@ -75,6 +76,13 @@ class JobCreate(RequestBody):
     collective: CollectiveParams | None = None
     sweep: SweepParams | None = None
     queue: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    tags: Tags = Field(default_factory=list)
+
+
+class JobUpdate(RequestBody):
+    """PATCH /jobs/{id}: what can change after submission. `tags` replaces the job's tags."""
+
+    tags: Tags
 
 
 def _iso(value: Any) -> Any:
@@ -122,12 +130,17 @@ class JobRead(BaseModel):
     runs: list[RunRead]
     progress: float
     queue: str
+    tags: list[str]
+    verdict: str | None
+    submitter: str | None
     # Workers of the job's queue that are alive now, and why the job may wait when there are none.
     live_workers: int = 0
     queue_note: str | None = None
 
 
 class JobSummary(BaseModel):
+    """A row of the jobs list. `world_sizes` is each config's (its own, else the job's)."""
+
     model_config = ConfigDict(from_attributes=True)
     id: int
     kind: str
@@ -138,12 +151,50 @@ class JobSummary(BaseModel):
     steps: int
     repeats: int
     config_names: list[str]
+    world_sizes: list[int]
     verdict: str | None
+    tags: list[str]
+    submitter: str | None
+    queue: str
+
+
+JOB_KINDS = ("train", "collective", "sweep", RECORDING)
+JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+VERDICTS = ("identical", "diverged", "incomplete", "incomparable", "reproducible", "not-reproducible")
+JOB_SORTS = ("created", "id", "status", "verdict", "workload", "kind")
+
+
+class JobsQuery(BaseModel):
+    """GET /jobs: filters (all must hold; a list matches any of its values, tags all of theirs), a sort
+    and a page. Unknown parameters are refused, so a misspelt filter is an error, not every job."""
+
+    model_config = ConfigDict(extra="forbid")
+    limit: int = Field(default=20, ge=1, le=200)
+    offset: int = Field(default=0, ge=0, le=INT64)  # past the last job: an empty page
+    sort: Literal[JOB_SORTS] = "created"  # type: ignore[valid-type]
+    order: Literal["asc", "desc"] = "desc"
+    q: str | None = Field(default=None, max_length=64, description=(
+        "search: a job id (#12), or text found in the workload (or script), a config name or a tag"))
+    workload: str | None = Field(default=None, max_length=64)
+    config: str | None = Field(default=None, max_length=64, description="a config or preset name the job ran")
+    tag: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
+    kind: list[Literal[JOB_KINDS]] = Field(default_factory=list, max_length=len(JOB_KINDS))  # type: ignore[valid-type]
+    status: list[Literal[JOB_STATUSES]] = Field(  # type: ignore[valid-type]
+        default_factory=list, max_length=len(JOB_STATUSES))
+    verdict: list[Literal[VERDICTS + ("none",)]] = Field(  # type: ignore[valid-type]
+        default_factory=list, max_length=len(VERDICTS) + 1, description="`none`: no verdict (yet)")
+    submitter: str | None = Field(default=None, max_length=64)
+    created_after: datetime | None = Field(default=None, description="ISO 8601; without an offset, UTC")
+    created_before: datetime | None = None
+
+    _text = field_validator("q", "workload", "config", "submitter")(storable)
 
 
 class JobsPage(BaseModel):
     items: list[JobSummary]
-    total: int
+    total: int  # jobs that match the filters, over all pages
+    limit: int
+    offset: int
 
 
 class OpenModel(BaseModel):
@@ -186,11 +237,47 @@ class ReproducibilityRow(OpenModel):
     incomplete: int = 0
     incomparable: int = 0
     rate: float | None  # identical_to_first / comparable
+    first_divergent_step: int | None = None  # the earliest step a repeat parted from the first
 
 
 class StepDiff(OpenModel):
+    """One step, or (thinned) the bucket of steps step..to_step: the most tensors differing at one of
+    them and how many of its steps differ."""
+
     step: int
     tensors_differing: int | None
+    to_step: int | None = None
+    steps_differing: int | None = None
+    steps: int | None = None
+
+
+class Downsampled(OpenModel):
+    """How a comparison's per-step series were thinned: ask for a step window to see it in full."""
+
+    steps: int
+    points: int
+    steps_per_point: int
+
+
+class StepWindow(OpenModel):
+    from_step: int
+    to_step: int
+
+
+class DivergenceMap(OpenModel):
+    """Where the compared runs' per-tensor digests differ, tensor × step (detlab.core.divergence_map): only
+    differing cells, tensors and steps capped (`truncated`, `note`); cells are [step, index into tensors,
+    index into rank_sets]; rank sets are empty in rank-consensus mode."""
+
+    mode: str
+    steps: list[int]
+    tensors: list[str]
+    rank_sets: list[list[int]]
+    cells: list[tuple[int, int, int]]
+    steps_differing: int
+    tensors_differing: int
+    truncated: bool
+    note: str | None = None
 
 
 class EnvFact(OpenModel):
@@ -200,10 +287,8 @@ class EnvFact(OpenModel):
     differs: bool
 
 
-class TrainResult(OpenModel):
-    """GET /jobs/{id}/comparison: the verdict between the first runs of the first two configs, throughput
-    and cost per config, reproducibility of repeats. A single-config job has no two-run keys (mode … missing,
-    environment): they are absent, not null."""
+class Comparison(OpenModel):
+    """Two runs compared (detlab.core.train.compare_runs): the verdict, where they part, what is missing."""
 
     verdict: str | None
     reason: str | None
@@ -218,11 +303,21 @@ class TrainResult(OpenModel):
     per_step: list[StepDiff] = Field(default_factory=list)
     loss: dict[str, list[tuple[int, float | None]]] = Field(default_factory=dict)
     missing: list[str] = Field(default_factory=list)
+    divergence_map: DivergenceMap | None = None  # diverged pairs only
     config_diff: list[KeyDiff]
     environment: list[EnvFact] = Field(default_factory=list)
+    downsampled: Downsampled | None = None  # per_step and loss thinned (null: in full)
+
+
+class TrainResult(Comparison):
+    """GET /jobs/{id}/comparison: the verdict between the first runs of the first two configs, throughput
+    and cost per config, reproducibility of repeats. A single-config job has no two-run keys (mode … missing,
+    environment): they are absent, not null."""
+
     throughput: list[ThroughputRow]
     reproducibility: list[ReproducibilityRow]
     effective_mismatches: list[dict[str, Any]]
+    window: StepWindow | None = None  # present when a step window was asked for
 
 
 class CollectiveConfig(OpenModel):
@@ -272,3 +367,36 @@ class LogDiff(BaseModel):
     a: int
     b: int
     diff: list[KeyDiff]
+
+
+class RunBrief(BaseModel):
+    """A run as the compare page lists it (reports.pair.describe)."""
+
+    id: int
+    job_id: int
+    kind: str
+    workload: str
+    name: str
+    config: str
+    repeat: int
+    tags: list[str]
+    world_size: int
+    status: str
+    steps_done: int
+    created_at: datetime
+    submitter: str | None
+
+
+class RunsFound(BaseModel):
+    items: list[RunBrief]
+    total: int
+    limit: int
+    offset: int
+
+
+class PairResult(Comparison):
+    """GET /compare?a=&b=: any two runs compared, as a train job's pair is (GET /jobs/{id}/comparison)."""
+
+    verdict: str
+    runs: list[RunBrief]
+    tensors: int  # recorded by run A

@@ -8,11 +8,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import httpx
 import typer
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 app = typer.Typer(help="detlab: where two training runs diverge, and what reproducibility costs.",
                   no_args_is_help=True, add_completion=False)
@@ -33,6 +40,9 @@ def migrate() -> None:
     typer.echo("database is at the latest revision")
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 @app.command()
 def api(host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve the API and the dashboard (distributed deployments; `up` does this and more)."""
@@ -41,15 +51,37 @@ def api(host: str = "127.0.0.1", port: int = 8000) -> None:
     from detlab.backend.app import create_app
     from detlab.core.settings import get_settings
 
-    if get_settings().auth_mode == "none" and host not in ("127.0.0.1", "localhost", "::1"):
+    settings = get_settings()
+    if settings.auth_mode == "none" and host not in LOOPBACK:
         raise typer.BadParameter("auth mode 'none' listens on 127.0.0.1 only; set DETLAB_AUTH_MODE to expose it",
                                  param_hint="--host")
-    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+    name = host.lower().strip("[]")
+    if name not in ("0.0.0.0", "::") and name not in settings.allowed_hosts:  # the name it is reached by
+        settings = settings.model_copy(update={"allowed_hosts": [*settings.allowed_hosts, name]})
+    if settings.auth_mode == "proxy":
+        typer.echo(f"auth mode 'proxy': {settings.proxy_user_header} is trusted only from "
+                   f"{', '.join(settings.trusted_proxies)} (DETLAB_TRUSTED_PROXIES)", err=True)
+    # proxy_headers=False: the peer address is the connection's own, never one a client wrote in
+    # X-Forwarded-For, so that the proxy check above sees who really connected.
+    uvicorn.run(create_app(settings=settings), host=host, port=port, log_level="warning", proxy_headers=False)
 
 
 @app.command()
-def worker(queue: Annotated[str, typer.Option(help="the node pool's queue to consume")] = "default") -> None:
+def worker(
+    queue: Annotated[str, typer.Option(help="the node pool's queue to consume")] = "default",
+    scripts: Annotated[Path | None, typer.Option(envvar="DETLAB_SCRIPTS", help=(
+        "a TOML file of this team's training scripts, run like built-in workloads (docs/sdk.md)"))] = None,
+) -> None:
     """Run a Celery worker that executes runs on this node's GPUs (or CPU)."""
+    if scripts is not None:
+        from detlab.worker.scripts import ScriptsError, load
+
+        try:
+            found = load(scripts)
+        except ScriptsError as exc:
+            _fail(str(exc))
+        os.environ["DETLAB_SCRIPTS"] = str(scripts.resolve())
+        typer.echo(f"scripts: {', '.join(found) or 'none'} (from {scripts})", err=True)
     os.environ["DETLAB_QUEUE"] = queue
     from detlab.worker.tasks import app as celery
     from detlab.worker.tasks import worker_name
@@ -86,13 +118,42 @@ def up(port: int = 8000,
             worker_proc.wait()
 
 
+Server = Annotated[str, typer.Option(envvar="DETLAB_SERVER", help="the detlab server (DETLAB_SERVER)")]
+
+
+def _auth_headers() -> dict[str, str]:
+    """`Authorization: Bearer $DETLAB_TOKEN` when the token is set (`detlab token create`)."""
+    from detlab.core.settings import get_settings
+
+    token = get_settings().token
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _fail(message: str) -> NoReturn:
+    """An error the user caused: one line on stderr, exit 2, no traceback."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _detail(resp: httpx.Response) -> str:
+    """A refusal's reason on one line (a 422's field errors joined)."""
+    try:
+        detail = resp.json().get("detail", resp.text)
+    except ValueError:
+        return resp.text[:500]
+    if isinstance(detail, list):
+        return "; ".join(f"{'.'.join(str(x) for x in d.get('loc', ())[1:])}: {d.get('msg')}"
+                         if isinstance(d, dict) else str(d) for d in detail)
+    return str(detail)
+
+
 def _config_ref(value: str) -> dict[str, Any]:
     path = Path(value)
     if path.suffix == ".json" or path.exists():
         try:
             return json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            raise typer.BadParameter(f"cannot read config {value}: {exc}", param_hint="--config") from exc
+            _fail(f"--config {value}: cannot read it as a JSON config ({exc})")
     return {"preset": value}
 
 
@@ -100,7 +161,7 @@ def _json_option(value: str | None, option: str) -> Any:
     try:
         return None if value is None else json.loads(value)
     except json.JSONDecodeError as exc:
-        raise typer.BadParameter(f"not JSON: {exc}", param_hint=option) from exc
+        _fail(f"{option}: not JSON ({exc})")
 
 
 @app.command()
@@ -111,27 +172,40 @@ def submit(
     collective: Annotated[str | None, typer.Option(help='collective/sweep: JSON, e.g. {"ops": ["all_gather"]}')] = None,
     knobs: Annotated[str | None, typer.Option(
         help="sweep: JSON object, knob name to a list of values (null = the library default)")] = None,
-    server: str = "http://127.0.0.1:8000",
+    server: Server = "http://127.0.0.1:8000",
     world_size: int = 1,
     steps: Annotated[int | None, typer.Option(help="default: the workload's")] = None,
     repeats: int = 1,
+    tag: Annotated[list[str] | None, typer.Option(
+        metavar="TAG", help="a label to find the job by (repeat for several): letters, digits and . _ : = + -")] = None,
     wait: Annotated[bool, typer.Option(help="wait for the job to finish")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object as the last line")] = False,
+    check: Annotated[bool, typer.Option(help=(
+        "with --wait: exit 1 unless the result is reproducible (two configs: identical; one: every repeat "
+        "identical; collective: every cell)"))] = False,
+    max_cost: Annotated[float | None, typer.Option(min=0, max=1000, metavar="PCT", help=(
+        "with --wait: exit 1 when a config's cost against config 0 (the throughput it loses, as the job page "
+        "shows it) is above PCT percent with its whole 95% interval"))] = None,
     timeout: float = 3600.0,
 ) -> None:
     """Submit a job; with --wait --json the last line is the job and its result as JSON
-    (train: the verdict, first divergence, throughput and cost; collective/sweep: the cells)."""
+    (train: the verdict, first divergence, throughput and cost; collective/sweep: the cells).
+
+    Exit 0 when submitted (--wait: when it succeeded and passed --check and --max-cost), 1 when the job
+    failed or a gate did not pass (each reason is printed), 2 on an error, 3 when --wait timed out."""
+    if (check or max_cost is not None) and not wait:
+        typer.echo("error: --check and --max-cost judge the finished job: add --wait", err=True)
+        raise typer.Exit(2)
     body: dict[str, Any] = {"kind": kind, "workload": workload, "configs": [_config_ref(c) for c in config],
-                            "world_size": world_size, "steps": steps, "repeats": repeats,
+                            "world_size": world_size, "steps": steps, "repeats": repeats, "tags": tag or [],
                             "collective": _json_option(collective, "--collective")}
     if kind == "sweep":
         body["sweep"] = {"over": "collective", "knobs": _json_option(knobs, "--knobs")}
     try:
-        with httpx.Client(base_url=server.rstrip("/"), timeout=60) as http:
+        with httpx.Client(base_url=server.rstrip("/"), timeout=60, headers=_auth_headers()) as http:
             resp = http.post("/api/v1/jobs", json=body)
             if resp.status_code != 201:
-                typer.echo(f"error {resp.status_code}: {resp.json().get('detail', resp.text)}", err=True)
-                raise typer.Exit(2)
+                _fail(f"{server} refused the job ({resp.status_code}): {_detail(resp)}")
             job = resp.json()
             if not wait:
                 typer.echo(json.dumps(job) if as_json else f"job {job['id']} submitted: {server}/jobs/{job['id']}")
@@ -163,29 +237,61 @@ def submit(
         cells = result.get("cells", [])
         typer.echo(f"job {job['id']} {job['status']}: {sum(c['reproducible'] for c in cells)}/{len(cells)} "
                    f"cells reproducible; {server}/jobs/{job['id']}")
-    if job["status"] != "succeeded":
+    failures = gate_failures(result, kind, check=check, max_cost=max_cost)
+    for failure in failures:
+        typer.echo(f"gate: {failure}", err=True)
+    if job["status"] != "succeeded" or failures:
         raise typer.Exit(1)
+
+
+def gate_failures(result: dict[str, Any], kind: str, *, check: bool, max_cost: float | None) -> list[str]:
+    """Why a finished job fails `submit --check` / `--max-cost` (nothing: it passes). A cost fails only when
+    its whole 95 % interval lies above the limit: noise never fails a gate, and neither does a cost measured
+    on too few steps for an interval (said, so the gate is not mistaken for a pass on evidence)."""
+    failures = []
+    if check and kind == "train" and result.get("verdict") is not None:  # two configs: their pair
+        if result["verdict"] != "identical":
+            failures.append(f"verdict {result['verdict']}" + (f": {result['reason']}" if result.get("reason") else ""))
+    elif check and kind == "train":  # one config: its repeats
+        for row in result.get("reproducibility") or [{"config_index": 0, "name": "?", "comparable": 0}]:
+            if not row.get("comparable"):
+                failures.append(f"config {row['config_index']} {row['name']}: no comparable repeats")
+            elif row.get("identical_to_first") != row["comparable"]:
+                failures.append(f"config {row['config_index']} {row['name']}: {row.get('identical_to_first')} of "
+                                f"{row['comparable']} comparable repeats identical to the first")
+    elif check:
+        bad = [c for c in result.get("cells") or [] if not c.get("reproducible")]
+        if bad or not result.get("cells"):
+            failures.append(f"{len(bad)} of {len(result.get('cells') or [])} cells not reproducible")
+    if max_cost is not None:
+        for row in result.get("throughput") or []:
+            interval = row.get("cost_interval")
+            if row.get("config_index") == 0:
+                continue
+            if interval is None:
+                failures.append(f"config {row['config_index']} {row['name']}: cost {row.get('cost_text')}; no "
+                                "interval to hold against --max-cost")
+            elif interval[0] * 100 > max_cost:
+                failures.append(f"config {row['config_index']} {row['name']}: {row.get('cost_text')}, above "
+                                f"--max-cost {max_cost:g}%")
+    return failures
 
 
 @app.command()
 def cancel(
     job: Annotated[int, typer.Argument(help="the job's id")],
-    server: str = "http://127.0.0.1:8000",
+    server: Server = "http://127.0.0.1:8000",
 ) -> None:
     """Cancel a queued or running job: its ranks are killed within seconds, what they recorded is kept and
     the job's result is computed from it. Exit 0 when the job is cancelled (again: a no-op), 1 when it had
     already finished otherwise, 2 on any other error."""
     try:
-        resp = httpx.post(f"{server.rstrip('/')}/api/v1/jobs/{job}/cancel", timeout=60)
+        resp = httpx.post(f"{server.rstrip('/')}/api/v1/jobs/{job}/cancel", timeout=60, headers=_auth_headers())
     except httpx.TransportError as exc:
         typer.echo(f"error: cannot reach {server}: {exc}", err=True)
         raise typer.Exit(2) from exc
     if resp.status_code != 200:
-        try:
-            detail = resp.json().get("detail", resp.text)
-        except ValueError:
-            detail = resp.text
-        typer.echo(f"error {resp.status_code}: {detail}", err=True)
+        typer.echo(f"error {resp.status_code}: {_detail(resp)}", err=True)
         raise typer.Exit(1 if resp.status_code == 409 else 2)
     found = resp.json()
     counts: dict[str, int] = {}
@@ -195,14 +301,94 @@ def cancel(
     typer.echo(f"job {job} {found['status']} (runs: {runs}); recorded steps are kept: {server}/jobs/{job}")
 
 
-def _checkpoint_fingerprints(path: Path, certificates: bool = False) -> dict[str, dict[str, Any]]:
+user_app = typer.Typer(help="Users of auth mode 'local' (DETLAB_AUTH_MODE=local).", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens for the CLI, CI and the SDK (DETLAB_TOKEN).", no_args_is_help=True)
+app.add_typer(user_app, name="user")
+app.add_typer(token_app, name="token")
+DataDir = Annotated[Path, typer.Option(envvar="DETLAB_DATA_DIR",
+                                       help="the data dir of `detlab up` (DETLAB_DATABASE_URL, when set, wins)")]
+
+
+@contextmanager
+def _auth_service(data_dir: Path) -> Iterator[tuple[Session, ModuleType]]:
+    """A database session on the settings `detlab up` uses, migrated, committed on success; errors a user
+    caused are one line and exit 2."""
+    os.environ["DETLAB_DATA_DIR"] = str(data_dir)
+    _migrate()
+    from detlab.backend.db import get_sessionmaker
+    from detlab.backend.services import auth
+
+    with get_sessionmaker()() as session:
+        try:
+            yield session, auth
+        except auth.AuthError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        session.commit()
+
+
+@user_app.command("add")
+def user_add(
+    name: Annotated[str, typer.Argument(help="the login name (also shown as the submitter of jobs)")],
+    role: Annotated[str, typer.Option(help="viewer (read), member (read, submit, ingest) or admin")] = "member",
+    password_stdin: Annotated[bool, typer.Option("--password-stdin", help="read the password from the first "
+                                                 "line of stdin instead of prompting")] = False,
+    data_dir: DataDir = Path(".detlab"),
+) -> None:
+    """Add a user who logs in to the dashboard (auth mode local). Exit 2 if the name exists or the role or
+    password is refused (8 characters at least)."""
+    password = (sys.stdin.readline().rstrip("\r\n") if password_stdin
+                else typer.prompt("password", hide_input=True, confirmation_prompt=True))
+    with _auth_service(data_dir) as (session, auth):
+        user = auth.create_user(session=session, name=name, role=role, password=password)
+    typer.echo(f"user {user.name} added ({user.role})")
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Option(help="the user the token acts as")],
+    scope: Annotated[list[str], typer.Option(help="read, submit, ingest or admin; repeat for several")],
+    data_dir: DataDir = Path(".detlab"),
+) -> None:
+    """Create an API token and print it once (only its hash is kept). Send it as 'Authorization: Bearer
+    <token>', or set DETLAB_TOKEN for the CLI and the SDK. A token cannot grant more than its user's role."""
+    with _auth_service(data_dir) as (session, auth):
+        row, token = auth.create_token(session=session, user_name=user, scopes=scope)
+    typer.echo(token)
+    typer.echo(f"token {row.id} for {user} with scope {', '.join(row.scopes)}; shown once, keep it "
+               f"(`detlab token revoke {row.id}` ends it)", err=True)
+
+
+@token_app.command("list")
+def token_list(data_dir: DataDir = Path(".detlab")) -> None:
+    """List tokens: id, user, scopes, created (the tokens themselves are not kept)."""
+    with _auth_service(data_dir) as (session, auth):
+        for row in auth.list_tokens(session=session):
+            typer.echo(f"{row.id}\t{row.user.name}\t{','.join(row.scopes)}\t{row.created_at:%Y-%m-%d %H:%M}")
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: Annotated[int, typer.Argument(help="the token's id (`detlab token list`)")],
+                 data_dir: DataDir = Path(".detlab")) -> None:
+    """Revoke a token: requests sending it are refused from now on. Exit 2 if there is no such token."""
+    with _auth_service(data_dir) as (session, auth):
+        row = auth.revoke_token(session=session, token_id=token_id)
+        typer.echo(f"token {row.id} of {row.user.name} revoked")
+
+
+def _checkpoint_fingerprints(path: Path, certificates: bool, version: str) -> dict[str, dict[str, Any]]:
     from detlab.worker.checkpoint import CheckpointError, fingerprints
 
     try:
-        return fingerprints(path, certificates=certificates)
+        return fingerprints(path, certificates=certificates, version=version)
     except CheckpointError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+
+
+class FpVersion(StrEnum):
+    fp2 = "fp2"
+    fp1 = "fp1"
 
 
 @app.command()
@@ -210,10 +396,13 @@ def fingerprint(
     path: Annotated[Path, typer.Argument(help="a .safetensors file or a torch.save checkpoint")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
     certificate: Annotated[bool, typer.Option(help="add a sha256 of the same bytes (audits, exports)")] = False,
+    fp_version: Annotated[FpVersion, typer.Option(help="fingerprint version: fp2 (current) or fp1, to check "
+                                                       "digests recorded before fp2")] = FpVersion.fp2,
 ) -> None:
-    """Print the fp1 fingerprint of every tensor in a checkpoint. Exit 2 when the file or a tensor cannot be read
-    (sparse, quantized, nested or meta tensors are refused: the message names the tensor and what to do)."""
-    found = _checkpoint_fingerprints(path, certificate)
+    """Print the fingerprint (fp2; fp1 on request) of every tensor in a checkpoint. Exit 2 when the file or a
+    tensor cannot be read (sparse, quantized, nested or meta tensors are refused: the message names the tensor
+    and what to do)."""
+    found = _checkpoint_fingerprints(path, certificate, fp_version.value)
     if as_json:
         typer.echo(json.dumps(found))
         return
@@ -230,8 +419,8 @@ def diff(
     strict: Annotated[bool, typer.Option(help="compare sha256 of each tensor's bytes, not keyed digests")] = False,
 ) -> None:
     """List tensors that differ between two checkpoints. Exit 0 when identical, 1 otherwise, 2 when a file or a
-    tensor cannot be read (a CI gate). Tensors are compared by dtype, shape and digest: fp1 under a random key
-    drawn for this run, so collisions prepared against fp1's public constants do not carry over, or with
+    tensor cannot be read (a CI gate). Tensors are compared by dtype, shape and digest: fp2 under a random key
+    drawn for this run, so collisions prepared against fp2's public constants do not carry over, or with
     --strict sha256 (docs/fingerprint.md, "Threat model")."""
     from detlab.worker.checkpoint import CheckpointError, diff_files
 
@@ -244,7 +433,7 @@ def diff(
     if as_json:
         typer.echo(json.dumps(result))
     else:
-        how = {"keyed": "fp1 under a random key drawn for this run", "strict": "sha256 of each tensor's bytes"}
+        how = {"keyed": "fp2 under a random key drawn for this run", "strict": "sha256 of each tensor's bytes"}
         typer.echo(f"mode: {result['mode']} ({how[result['mode']]})")
         for label, names in zip(("differs", f"only in {a}", f"only in {b}"), found, strict=True):
             for name in names:
@@ -256,24 +445,41 @@ def diff(
 
 @app.command("import-results")
 def import_results(
-    files: Annotated[list[Path], typer.Argument(help="result files: {job, result} as in results/*/")],
+    files: Annotated[list[Path], typer.Argument(help="result files as in results/*/: {job, result} of a collective, "
+                                                     "sweep or train job, or a train comparison beside its job")],
 ) -> None:
-    """Add collective/sweep results measured elsewhere to this database's findings (the history)."""
+    """Add results measured elsewhere to this database's findings (the team history).
+
+    Each file is imported whole or not at all: a file that is not a detlab job result is named, nothing of
+    it is kept, and the others are still imported. Importing a file again replaces what it gave before.
+    Exits 2 when a file was refused."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from detlab.backend.db import get_sessionmaker
-    from detlab.backend.reports.findings import rows_from_result, store
+    from detlab.backend.reports.findings import from_file, store
 
     _migrate()
+    refused = 0
     with get_sessionmaker()() as session:
         for path in files:
+            # The source names the data set, not this machine's paths.
+            source = f"{path.resolve().parent.name}/{path.name}"
             try:
-                data = json.loads(path.read_text())
-                # The source names the data set, not this machine's paths.
-                rows = rows_from_result(f"{path.resolve().parent.name}/{path.name}", data["job"], data["result"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                typer.echo(f"error: {path}: not a detlab result file ({type(exc).__name__}: {exc})", err=True)
-                raise typer.Exit(2) from exc
-            typer.echo(f"{path}: {store(session=session, rows=rows)} cells")
-        session.commit()
+                rows, cells = from_file(source, json.loads(path.read_text()))
+                store(session=session, rows=rows, cells=cells, sources={source})
+                session.commit()
+            except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, SQLAlchemyError) as exc:
+                session.rollback()
+                refused += 1
+                typer.echo(f"error: {path}: not a detlab result file, nothing of it imported "
+                           f"({type(exc).__name__}: {exc})", err=True)
+                continue
+            kinds = sorted({c["kind"] for c in cells}) or ["nothing"]
+            typer.echo(f"{path}: {len(cells)} measurements ({', '.join(kinds)})"
+                       + (f", {len(rows)} collective cells" if rows else ""))
+    if refused:
+        typer.echo(f"{refused} of {len(files)} file(s) refused; the others were imported", err=True)
+        raise typer.Exit(2)
 
 
 @app.command("parse-log")
@@ -287,7 +493,8 @@ def parse_log(
     raise typer.Exit(main([*map(str, files), *(["--json"] if as_json else [])]))
 
 
-@app.command("verify-collective", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command("verify-collective", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def verify_collective(ctx: typer.Context) -> None:
     """Check that collectives give the same bits on identical inputs, without a server.
 
@@ -301,13 +508,23 @@ def verify_collective(ctx: typer.Context) -> None:
 
 # What `compare --json` prints of a verdict (per-step rows and loss curves stay out: they grow with the run).
 _COMPARE_KEYS = ("verdict", "reason", "mode", "first_divergent_step", "first_divergent_tensors", "ranks",
-                 "steps_differing", "steps_compared", "missing")
+                 "steps_differing", "steps_compared", "missing", "replica_disagreements")
+
+
+def _replica_text(rows: list[dict[str, Any]]) -> list[str]:
+    """`replicas disagree: run 1 step 3 tensor 0.weight ranks {0: 1f0c2a9e, 1: 77d0b3c1}` (digests cut to 8 hex)."""
+    lines = []
+    for row in rows:
+        digests = ", ".join(f"{rank}: {digest.partition(':')[2][:8]}" for rank, digest in row["ranks"].items())
+        lines.append(f"replicas disagree: run {row['run']} step {row['step']} tensor {row['tensor']} "
+                     f"ranks {{{digests}}}")
+    return lines
 
 
 def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list[str]:
     verdict = result["verdict"]
     if verdict == "incomparable":
-        return [f"incomparable: {result['reason']}"]
+        return [f"incomparable: {result['reason']}", *_replica_text(result.get("replica_disagreements") or [])]
     if verdict == "identical":
         lines = [f"identical: {result['steps_compared']} steps x {world_size} rank(s) x {tensors} tensors equal"]
     elif verdict == "diverged":
@@ -321,37 +538,121 @@ def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list
     lines += [f"  missing: {m}" for m in result["missing"]]
     if result["reason"]:
         lines.append(f"  note: {result['reason']}")
-    return lines
+    return lines + _replica_text(result.get("replica_disagreements") or [])
 
 
-@app.command()
-def compare(
-    a: Annotated[Path, typer.Argument(help="record directory A, written by detlab.Recorder(out=A)")],
-    b: Annotated[Path, typer.Argument(help="record directory B")],
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: verdict, first_divergent_step, "
-                                          "first_divergent_tensors, ranks, steps_differing, missing")] = False,
-) -> None:
-    """Compare two runs recorded with detlab.Recorder, without a server (a CI gate, docs/sdk.md).
-
-    Exit 0 when identical, 1 when they diverged (the first step, its tensors and ranks are printed), 2 when
-    they are incomplete or incomparable, or a directory cannot be read. In messages, run 1 is A and run 2 is B."""
-    from detlab.core.train import compare_runs
+def _check_replicas(a: Path, as_json: bool) -> int:
+    """`detlab compare A`: one run's replicas alone. 0 when they agree, 1 when they disagree, 2 with none."""
+    from detlab.core import shards
+    from detlab.core.train import replica_disagreements
     from detlab.sdk.store import RecordsError, load_run
 
     try:
-        run_a, run_b = load_run(a, run_id=1), load_run(b, run_id=2)
+        run = load_run(a, run_id=1)
     except RecordsError as exc:
         typer.echo(f"error: {exc}", err=True)
         if as_json:
             typer.echo(json.dumps({"verdict": "error", "error": str(exc)}))
-        raise typer.Exit(2) from None
-    result = compare_runs(run_a, run_b)
+        return 2
+    rows, count = replica_disagreements(run), shards.replicated_count(run.rank_tensors)
+    verdict = "replicas-disagree" if rows else "replicas-agree" if count else "no-replicas"
     if as_json:
-        typer.echo(json.dumps({**{k: result[k] for k in _COMPARE_KEYS}, "a": str(a), "b": str(b)}))
-    else:
-        for line in _verdict_text(result, len(run_a.tensors), run_a.world_size):
+        typer.echo(json.dumps({"verdict": verdict, "replicated_tensors": count, "steps": len(run.steps()),
+                               "replica_disagreements": rows, "a": str(a)}))
+    elif rows:
+        for line in _replica_text(rows):
             typer.echo(line)
-    raise typer.Exit({"identical": 0, "diverged": 1}.get(result["verdict"], 2))
+    elif count:
+        typer.echo(f"replicas agree: {len(run.steps())} steps x {count} replicated tensors equal on every rank "
+                   "that holds them")
+    else:
+        typer.echo("no replicated tensors: nothing to check (a DDP model's parameters, or DTensors placed "
+                   "Replicate(), are replicas; record with torchrun and more than one rank)")
+    return {"replicas-agree": 0, "replicas-disagree": 1}.get(verdict, 2)
+
+
+@app.command()
+def compare(
+    a: Annotated[str, typer.Argument(help="run A: a record directory (detlab.Recorder(out=A)), or a run id on "
+                                          "the server")],
+    b: Annotated[str | None, typer.Argument(help="run B: a directory, or a run id (without it: check the "
+                                                 "replicas of directory A alone)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: verdict, first_divergent_step, "
+                                          "first_divergent_tensors, ranks, steps_differing, missing, "
+                                          "replica_disagreements")] = False,
+    server: Server = "http://127.0.0.1:8000",
+) -> None:
+    """Compare two runs: two record directories without a server (a CI gate, docs/sdk.md), or two run ids of
+    any jobs, recordings or uploads on a detlab server (`--server`, DETLAB_SERVER; token: DETLAB_TOKEN).
+
+    Exit 0 when identical, 1 when they diverged (the first step, its tensors and ranks are printed) or when,
+    within either run, ranks that must hold equal replicas of a tensor (DDP) do not; 2 when they are incomplete
+    or incomparable, or a run cannot be read. In messages, run 1 is A and run 2 is B. With directory A alone:
+    its replicas only (exit 0 agree, 1 disagree, 2 none recorded)."""
+    if b is None:
+        raise typer.Exit(_check_replicas(Path(a), as_json))
+    remote = all(x.isdigit() and not Path(x).exists() for x in (a, b))
+    try:
+        result, tensors, world = _remote_pair(int(a), int(b), server) if remote else _local_pair(Path(a), Path(b))
+    except (ValueError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        if as_json:
+            typer.echo(json.dumps({"verdict": "error", "error": str(exc)}))
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps({**{k: result.get(k) for k in _COMPARE_KEYS}, "a": a, "b": b}))
+    else:
+        for line in _verdict_text(result, tensors, world):
+            typer.echo(line)
+    code = {"identical": 0, "diverged": 1}.get(result["verdict"], 2)
+    raise typer.Exit(1 if code == 0 and result.get("replica_disagreements") else code)
+
+
+def _local_pair(a: Path, b: Path) -> tuple[dict[str, Any], int, int]:
+    from detlab.core.train import compare_runs
+    from detlab.sdk.store import load_run
+
+    run_a, run_b = load_run(a, run_id=1), load_run(b, run_id=2)  # RecordsError is a ValueError
+    return compare_runs(run_a, run_b), len(run_a.tensors), run_a.world_size
+
+
+def _remote_pair(a: int, b: int, server: str) -> tuple[dict[str, Any], int, int]:
+    url = f"{server.rstrip('/')}/api/v1/compare"
+    try:
+        resp = httpx.get(url, params={"a": a, "b": b}, headers=_auth_headers(), timeout=120)
+    except httpx.TransportError as exc:
+        raise ValueError(f"cannot reach {server}: {exc}") from exc
+    if resp.status_code != 200:
+        raise ValueError(f"{server} answered {resp.status_code}: {_detail(resp)}")
+    result = resp.json()
+    return result, int(result.get("tensors", 0)), int(result["runs"][0]["world_size"])
+
+@app.command()
+def upload(
+    out: Annotated[Path, typer.Argument(help="a recording directory, written by detlab.Recorder(out=...)")],
+    server: Server = "http://127.0.0.1:8000",
+    name: Annotated[str | None, typer.Option(help="the run's name on the server (default: run.json's)")] = None,
+) -> None:
+    """Send a recording to a detlab server, where it can be compared with any other run (token: DETLAB_TOKEN,
+    scope ingest). Idempotent: a recording streamed in part (online mode), or uploaded before, gets only what
+    the server lacks, on the same run. Exit 0 when sent, 2 on any error."""
+    import httpx
+
+    from detlab.sdk.store import RecordsError
+    from detlab.sdk.upload import upload as send
+    from detlab.worker.client import IngestError
+
+    try:
+        done = send(out, server.rstrip("/"), name=name)
+    except (RecordsError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except (httpx.TransportError, IngestError) as exc:
+        typer.echo(f"error: {server} did not take the recording ({type(exc).__name__}: {exc}); nothing is lost, "
+                   "run the same command again", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"uploaded {out}: {done.records} records to run {done.run_id} ({done.status}): "
+               f"{server.rstrip('/')}/jobs/{done.job_id}")
 
 
 if __name__ == "__main__":

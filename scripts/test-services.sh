@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Starts what the tests talk to, installing it first where missing: PostgreSQL, Redis, Chromium.
+# The tests create (and drop) databases of their own on the machine's PostgreSQL; Redis is only
+# installed: each test session starts redis-server processes of its own on free ports, and the fault
+# tests start a private PostgreSQL cluster too (initdb, pg_ctl), so nothing here is ever flushed or restarted.
 set -euo pipefail
 
 need_apt=()
@@ -14,17 +17,12 @@ fi
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
 fi
-if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-  mkdir -p /var/lib/redis /var/log/redis
-  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
-    --dir /var/lib/redis --logfile /var/log/redis/detlab-tests.log
-fi
 
 for _ in $(seq 1 60); do
-  if pg_isready -q -h 127.0.0.1 -p 5432 && redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  if pg_isready -q -h 127.0.0.1 -p 5432; then
     exit 0
   fi
   sleep 1
 done
-echo "PostgreSQL or Redis did not come up on 127.0.0.1" >&2
+echo "PostgreSQL did not come up on 127.0.0.1:5432" >&2
 exit 1

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,3 +22,161 @@ def test_a_server_that_is_down_is_one_line_and_exit_2(args: list[str]) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [f"error: cannot reach {server}: [Errno 111] Connection refused"]
+
+
+# ---- users and tokens (auth mode local) -----------------------------------------------------------------
+
+def detlab(*args: str, data_dir: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DETLAB_")}
+    return subprocess.run([sys.executable, "-m", "detlab.cli", *args, "--data-dir", str(data_dir)], input=stdin,
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_user_add_and_token_create_use_the_data_dir_of_up(tmp_path: Path) -> None:
+    out = detlab("user", "add", "ada", "--role", "member", "--password-stdin", data_dir=tmp_path,
+                 stdin="correct horse battery\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "user ada added (member)"
+    out = detlab("token", "create", "--user", "ada", "--scope", "submit", "--scope", "ingest", data_dir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    token = out.stdout.strip()
+    assert token.startswith("detlab_") and len(token) > 40 and "shown once" in out.stderr
+    with sqlite3.connect(tmp_path / "detlab.sqlite3") as db:
+        (password_hash,) = db.execute("SELECT password_hash FROM users WHERE name = 'ada'").fetchone()
+        rows = db.execute("SELECT token_hash, scopes FROM api_tokens").fetchall()
+    assert password_hash.startswith("$argon2id$")
+    assert rows == [(hashlib.sha256(token.encode()).hexdigest(), '["ingest", "submit"]')]
+    listed = detlab("token", "list", data_dir=tmp_path)
+    assert listed.stdout.startswith("1\tada\tingest,submit\t")
+    assert detlab("token", "revoke", "1", data_dir=tmp_path).stdout.strip() == "token 1 of ada revoked"
+    with sqlite3.connect(tmp_path / "detlab.sqlite3") as db:
+        assert db.execute("SELECT count(*) FROM api_tokens").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("args, stdin, message", [
+    (["user", "add", "bob", "--role", "root", "--password-stdin"], "long enough pw\n", "unknown role 'root'"),
+    (["user", "add", "bob", "--password-stdin"], "short\n", "at least 8 characters"),
+    (["token", "create", "--user", "nobody", "--scope", "read"], "", "no user 'nobody'"),
+    (["token", "create", "--user", "vic", "--scope", "submit"], "", "is a viewer and cannot hold scope submit"),
+    (["token", "create", "--user", "vic", "--scope", "write"], "", "unknown scope write"),
+    (["user", "add", "vic", "--password-stdin"], "long enough pw\n", "user 'vic' exists"),
+])
+def test_user_and_token_errors_are_one_line_and_exit_2(tmp_path: Path, args: list[str], stdin: str,
+                                                        message: str) -> None:
+    assert detlab("user", "add", "vic", "--role", "viewer", "--password-stdin", data_dir=tmp_path,
+                  stdin="long enough pw\n").returncode == 0
+    out = detlab(*args, data_dir=tmp_path, stdin=stdin)
+    assert out.returncode == 2
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message in line
+
+
+def test_the_cli_sends_detlab_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    from detlab.cli import _auth_headers
+    from detlab.core.settings import get_settings
+
+    get_settings.cache_clear()
+    monkeypatch.setenv("DETLAB_TOKEN", "detlab_abc")
+    assert _auth_headers() == {"Authorization": "Bearer detlab_abc"}
+    get_settings.cache_clear()
+    monkeypatch.delenv("DETLAB_TOKEN")
+    assert _auth_headers() == {}
+    get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("host, allowed", [("detlab.internal", "detlab.internal"), ("0.0.0.0", None)])
+def test_api_serves_the_bound_host_name_and_never_trusts_forwarded_addresses(
+        monkeypatch: pytest.MonkeyPatch, host: str, allowed: str | None) -> None:
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from detlab.backend.guards import Guard
+    from detlab.cli import app
+    from detlab.core.settings import get_settings
+
+    served: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: served.update(app=asgi, **kw))
+    monkeypatch.setenv("DETLAB_AUTH_MODE", "proxy")
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, ["api", "--host", host])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
+    assert "X-Forwarded-User is trusted only from 127.0.0.1, ::1 (DETLAB_TRUSTED_PROXIES)" in result.output
+    assert served["proxy_headers"] is False  # the peer address is the connection's, not X-Forwarded-For
+    guard = next(m for m in served["app"].user_middleware if m.cls is Guard)
+    hosts = guard.kwargs["settings"].allowed_hosts
+    assert hosts == ["localhost", "127.0.0.1", "::1", *([allowed] if allowed else [])]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "detlab.cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_detlab_server_is_read_by_the_commands_that_talk_to_one() -> None:
+    gone = f"http://127.0.0.1:{free_port()}"
+    for args in (["submit", "--config", "default"], ["cancel", "1"], ["compare", "1", "2"]):
+        done = run_cli(*args, env={"DETLAB_SERVER": gone})
+        assert done.returncode == 2 and gone in done.stderr, (args, done.stderr)
+        assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_gates_need_wait() -> None:
+    done = run_cli("submit", "--config", "default", "--check")
+    assert (done.returncode, done.stderr) == (2, "error: --check and --max-cost judge the finished job: add --wait\n")
+
+
+PAIR = {"verdict": "identical", "reason": None, "throughput": [
+    {"config_index": 0, "name": "default", "cost_interval": None, "cost_text": "baseline"},
+    {"config_index": 1, "name": "deterministic", "cost_interval": [0.12, 0.18], "cost_text": "15.0% slower (...)"}]}
+
+
+@pytest.mark.parametrize(("result", "kind", "check", "max_cost", "failures"), [
+    (PAIR, "train", True, None, []),
+    ({**PAIR, "verdict": "diverged", "reason": None}, "train", True, None, ["verdict diverged"]),
+    ({**PAIR, "verdict": "incomplete", "reason": "run 2 lacks 3 steps"}, "train", True, None,
+     ["verdict incomplete: run 2 lacks 3 steps"]),
+    (PAIR, "train", False, 20.0, []),  # the interval reaches 18 %: under the limit
+    (PAIR, "train", False, 15.0, []),  # the point is at the limit, the interval spans it: not proven above
+    (PAIR, "train", False, 10.0, ["config 1 deterministic: 15.0% slower (...), above --max-cost 10%"]),
+    ({**PAIR, "throughput": [PAIR["throughput"][0], {**PAIR["throughput"][1], "cost_interval": None,
+                                                      "cost_text": "15.0% slower (too few timed steps)"}]},
+     "train", False, 10.0, ["config 1 deterministic: cost 15.0% slower (too few timed steps); no interval to hold "
+                            "against --max-cost"]),
+    ({"verdict": None, "reproducibility": [{"config_index": 0, "name": "default", "comparable": 2,
+                                            "identical_to_first": 1}]}, "train", True, None,
+     ["config 0 default: 1 of 2 comparable repeats identical to the first"]),
+    ({"verdict": None, "reproducibility": [{"config_index": 0, "name": "default", "comparable": 0,
+                                            "identical_to_first": 0}]}, "train", True, None,
+     ["config 0 default: no comparable repeats"]),
+    ({"cells": [{"reproducible": True}, {"reproducible": False}]}, "collective", True, None,
+     ["1 of 2 cells not reproducible"]),
+    ({"cells": []}, "collective", True, None, ["0 of 0 cells not reproducible"]),
+])
+def test_submit_gates(result: dict[str, Any], kind: str, check: bool, max_cost: float | None,
+                      failures: list[str]) -> None:
+    from detlab.cli import gate_failures
+
+    assert gate_failures(result, kind, check=check, max_cost=max_cost) == failures
+
+
+def test_every_command_help_lists_its_own_options() -> None:
+    done = run_cli("verify-collective", "--help")  # its options belong to worker.verify's parser
+    assert done.returncode == 0 and "--world-size" in done.stdout and "--max-bytes" in done.stdout
+    for command, option in (("submit", "--max-cost"), ("upload", "--server"), ("compare", "--server")):
+        assert option in run_cli(command, "--help").stdout, command
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["submit", "--config", "missing.json"], "--config missing.json: cannot read it"),
+    (["submit", "--config", "default", "--collective", "{x"], "--collective: not JSON"),
+    (["upload", "nowhere"], "nowhere"),
+    (["compare", "nowhere", "elsewhere"], "nowhere"),
+])
+def test_user_errors_are_one_line_and_exit_2(tmp_path: Path, args: list[str], fragment: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "detlab.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "DETLAB_TOKEN": "t" * 20})
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and fragment in done.stderr, done.stderr

@@ -20,6 +20,9 @@ from detlab.core.wire import (
     Heartbeat,
     HeartbeatAck,
     Record,
+    RecordingClose,
+    RecordingOpen,
+    RecordingOpened,
     RecordsBatch,
     RunSpec,
     WorkerInfo,
@@ -33,6 +36,10 @@ class IngestError(RuntimeError):
 
 class Stale(IngestError):
     """The API refused the request because the run moved on (finished, or another attempt)."""
+
+
+class Unavailable(IngestError):
+    """The API answered 5xx on every try: it is restarting or overloaded; the same request may work later."""
 
 
 class TooLarge(IngestError):
@@ -73,7 +80,7 @@ class IngestClient:
                         raise IngestError(f"{path}: {resp.status_code} {resp.text[:500]}")
                     return resp.json()
                 if attempt == self._retries:
-                    raise IngestError(f"{path}: {resp.status_code} {resp.text[:500]}")
+                    raise Unavailable(f"{path}: {resp.status_code} {resp.text[:500]}")
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
@@ -112,6 +119,16 @@ class IngestClient:
         if error is not None and len(error) > MAX_ERROR_CHARS:
             error = error[: MAX_ERROR_CHARS // 2] + "\n[...]\n" + error[-(MAX_ERROR_CHARS // 2 - 7) :]
         self._post(f"/api/v1/ingest/runs/{run_id}/finish", Finish(attempt=attempt, status=status, error=error))
+
+    def open_recording(self, opening: RecordingOpen) -> RecordingOpened:
+        """The server run of an SDK recording (the same one for every rank and every retry)."""
+        return RecordingOpened.model_validate(self._post("/api/v1/ingest/recordings", opening))
+
+    def close_recording(self, run_id: int, rank: int, status: Literal["succeeded", "failed"],
+                        error: str | None = None) -> str:
+        """Say this rank of a recording is done; returns the run's status (finished once every rank closed)."""
+        body = RecordingClose(rank=rank, status=status, error=error[-MAX_ERROR_CHARS:] if error else None)
+        return str(self._post(f"/api/v1/ingest/runs/{run_id}/close", body)["status"])
 
     def heartbeat(self, worker: str, queue: str, run_id: int | None, attempt: int | None,
                   info: WorkerInfo | None = None) -> HeartbeatAck:

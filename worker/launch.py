@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -158,7 +158,8 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
                  on_records: Callable[[list[Record]], None], hang_timeout_s: float | None = None,
                  first_step_timeout_s: float | None = None,
                  timeout_s: float | None = None, poll_s: float = 0.2, tie_to_parent: bool = False,
-                 stop: Callable[[], str | None] = lambda: None) -> None:
+                 stop: Callable[[], str | None] = lambda: None, argv: Sequence[str] | None = None,
+                 cwd: Path | None = None) -> None:
     """Run `spec.world_size` ranks of the spec's program in `folder` until all exit 0.
 
     `env(rank)` is the rank's environment before the torchrun variables. Records are handed to
@@ -170,6 +171,8 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
     `stop()` is asked every poll; a reason kills the ranks' process groups and raises RanksStopped (what they
     wrote after the last hand-on is not handed on: the run no longer takes records). Whatever ends the
     ranks, their process groups are killed before this returns.
+    `argv`: each rank runs this command (a registered script, in `cwd`) instead of the spec's rank program;
+    it spools where the spec's program would, through detlab.Recorder (DETLAB_RUN_DIR).
     """
     spec_path = folder / "spec.json"
     spec_path.write_text(spec.model_copy(update={"spool_dir": str(folder)}).model_dump_json())
@@ -180,8 +183,8 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
     try:
         for rank in range(world):
             with (folder / f"rank{rank}.stderr").open("wb") as err:  # the child keeps its own copy
-                procs.append(subprocess.Popen([sys.executable, "-m", RANK_PROGRAMS[spec.kind], str(spec_path)],
-                                              env=envs[rank], stdout=err, stderr=subprocess.STDOUT,
+                command = list(argv) if argv else [sys.executable, "-m", RANK_PROGRAMS[spec.kind], str(spec_path)]
+                procs.append(subprocess.Popen(command, env=envs[rank], cwd=cwd, stdout=err, stderr=subprocess.STDOUT,
                                               start_new_session=True,
                                               preexec_fn=die_with_parent if tie_to_parent else None))
         started = time.monotonic()

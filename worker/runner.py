@@ -20,6 +20,7 @@ from detlab.core.configs import env_error
 from detlab.core.wire import RankSpec, Record, RunSpec
 from detlab.worker.client import BadSpec, IngestClient, Stale
 from detlab.worker.launch import RankFailed, RanksStopped, launch_ranks
+from detlab.worker.scripts import registered
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,14 @@ def child_env(spec: RunSpec, rank: int, log_dir: Path) -> dict[str, str]:
             "NCCL_DEBUG_FILE": str(log_dir / f"nccl-rank{rank}.log")}
 
 
+def script_env(spec: RunSpec, folder: Path) -> dict[str, str]:
+    """What a registered script's detlab.Recorder reads to record for this run (detlab.sdk.recorder): where to
+    write, every how many steps, and the config's seed and torch flags, which it applies when it is made."""
+    return {"DETLAB_RUN_DIR": str(folder), "DETLAB_EVERY": str(spec.fingerprint_interval),
+            "DETLAB_STEPS": str(spec.steps), "DETLAB_SEED": str(spec.seed),
+            **({"DETLAB_TORCH_FLAGS": spec.torch.model_dump_json()} if spec.torch else {})}
+
+
 def upload_logs(client: IngestClient, run_id: int, attempt: int, folder: Path, world: int) -> None:
     """Send each rank's NCCL/RCCL debug log (none on gloo), cut to head and tail when over the cap."""
     for rank in range(world):
@@ -157,11 +166,16 @@ def _launch_and_stream(spec: RunSpec, client: IngestClient, device: Literal["aut
         folder = Path(tmp)
         (folder / OWNER_FILE).write_text(str(os.getpid()))
         failure: str | None = None
+        script = registered().get(spec.workload)
+
+        def env(rank: int) -> dict[str, str]:
+            return {**child_env(spec, rank, folder), **(script_env(spec, folder) if script else {})}
+
         try:
-            launch_ranks(RankSpec.for_run(spec, device=device), folder, env=lambda rank: child_env(spec, rank, folder),
-                         on_records=send, hang_timeout_s=hang_timeout_s,
-                         first_step_timeout_s=first_step_timeout_s, poll_s=POLL_S, tie_to_parent=True,
-                         stop=lambda: CURRENT.stop_reason)
+            launch_ranks(RankSpec.for_run(spec, device=device), folder, env=env, on_records=send,
+                         hang_timeout_s=hang_timeout_s, first_step_timeout_s=first_step_timeout_s, poll_s=POLL_S,
+                         tie_to_parent=True, stop=lambda: CURRENT.stop_reason,
+                         argv=script.command if script else None, cwd=script.workdir if script else None)
         except RankFailed as exc:
             failure = str(exc)
         upload_logs(client, spec.run_id, spec.attempt, folder, spec.world_size)

@@ -176,5 +176,8 @@ def registry() -> dict[str, type[Workload]]:
 
 
 def describe() -> list[WorkloadInfo]:
-    """What this worker can run, as the server is told in heartbeats."""
-    return [cls.info.model_copy(update={"name": name}) for name, cls in sorted(registry().items())]
+    """What this worker can run, as the server is told in heartbeats: workload classes, then scripts."""
+    from detlab.worker.scripts import registered
+
+    return ([cls.info.model_copy(update={"name": name}) for name, cls in sorted(registry().items())]
+            + [script.info() for _, script in sorted(registered().items())])

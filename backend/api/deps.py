@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
+from collections.abc import Callable
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import Depends, Header, HTTPException, Path, Query, Request
 from sqlalchemy.orm import Session
 
 from detlab.backend.db import get_session
+from detlab.backend.services import auth
+from detlab.backend.services.auth import Identity
 from detlab.core.settings import Settings, get_settings
 from detlab.core.text import text_error
 from detlab.core.wire import INT32, INT64, MAX_WORLD_SIZE
@@ -25,26 +30,121 @@ Limit = Annotated[int, Query(ge=1, le=200)]
 Offset = Annotated[int, Query(ge=0, le=INT64)]
 
 
-def require_ingest_token(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
-    expected = settings.resolved_ingest_token()
-    given = (authorization or "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(401, "ingest needs 'Authorization: Bearer <DETLAB_INGEST_TOKEN>'")
+SESSION_COOKIE = "detlab_session"
 
 
-IngestAuth = Depends(require_ingest_token)
-
-
-def current_user(settings: SettingsDep, request: Request) -> str | None:
-    """The submitting user: None without auth; the proxy's header in proxy mode (required)."""
-    if settings.auth_mode == "none":
+def bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
         return None
-    user = request.headers.get(settings.proxy_user_header, "").strip()
+    return token.strip() or None
+
+
+def _trusted_peer(request: Request, settings: Settings) -> bool:
+    try:
+        peer = ipaddress.ip_address(request.client.host if request.client else "")
+    except ValueError:
+        return False
+    return any(peer in ipaddress.ip_network(n, strict=False) for n in settings.trusted_proxies)
+
+
+def _proxy_identity(request: Request, settings: Settings) -> Identity | None:
+    header = settings.proxy_user_header
+    values = request.headers.getlist(header)
+    if not values:
+        return None
+    # Sent twice (or joined by a comma on the way), one copy may be the client's own: trust neither.
+    if len(values) > 1 or "," in values[0]:
+        raise HTTPException(400, f"the {header} header is sent more than once; the proxy must set it exactly once")
+    if not _trusted_peer(request, settings):
+        peer = request.client.host if request.client else "an unknown address"
+        raise HTTPException(401, f"the {header} header is trusted only from DETLAB_TRUSTED_PROXIES "
+                                 f"({', '.join(settings.trusted_proxies)}); this request came from {peer}")
+    user = values[0].strip()
     if not user:
-        raise HTTPException(401, f"auth mode 'proxy': the request lacks the {settings.proxy_user_header} header")
+        return None
     if problem := text_error(user):  # it is stored as the job's submitter
-        raise HTTPException(400, f"the {settings.proxy_user_header} header {problem}")
-    return user[:64]
+        raise HTTPException(400, f"the {header} header {problem}")
+    return Identity(name=user[:64], scopes=PROXY_SCOPES)
+
+
+# Users the proxy vouches for submit and read; tokens and roles belong to auth mode `local`.
+PROXY_SCOPES = auth.IMPLIED["submit"]
+
+
+def identity(request: Request, settings: SettingsDep, session: SessionDep) -> Identity | None:
+    """Who sent the request (None in auth mode none, or when nothing identifies it): the proxy's header,
+    or (local) a bearer token, else the browser's session cookie."""
+    if settings.auth_mode == "proxy":
+        return _proxy_identity(request, settings)
+    if settings.auth_mode == "local":
+        if token := bearer(request):
+            found = auth.token_identity(session=session, token=token)
+            if found is None:
+                raise HTTPException(401, "unknown API token; create one with `detlab token create`",
+                                    headers={"WWW-Authenticate": "Bearer"})
+            return found
+        if cookie := request.cookies.get(SESSION_COOKIE):
+            return auth.session_identity(session=session, cookie=cookie)
+    return None
+
+
+IdentityDep = Annotated[Identity | None, Depends(identity)]
+
+
+def require(scope: auth.Scope) -> Callable[..., Identity | None]:
+    """A dependency: outside auth mode none, a 401 without an identity and a 403 without `scope`."""
+
+    def check(found: IdentityDep, settings: SettingsDep) -> Identity | None:
+        if settings.auth_mode == "none":
+            return None
+        if found is None:
+            how = (f"the request lacks the {settings.proxy_user_header} header" if settings.auth_mode == "proxy"
+                   else "log in at /login or send 'Authorization: Bearer <token>' (`detlab token create`)")
+            raise HTTPException(401, f"auth mode '{settings.auth_mode}': {how}")
+        if scope not in found.scopes:
+            raise HTTPException(403, f"{found.name} may not do this: it needs scope '{scope}' "
+                                     f"(has {', '.join(sorted(found.scopes)) or 'none'})")
+        return found
+
+    return check
+
+
+Reading = Depends(require("read"))
+Submitting = require("submit")
+
+
+def current_user(found: Annotated[Identity | None, Depends(Submitting)]) -> str | None:
+    """The submitting user (None without auth); submitting and cancelling need scope `submit`."""
+    return found.name if found else None
 
 
 CurrentUser = Annotated[str | None, Depends(current_user)]
+
+
+def page_access(request: Request, found: IdentityDep, settings: SettingsDep) -> None:
+    """Pages hold no data (their API calls need the identity), but in auth mode local a browser that is not
+    logged in is sent to the login page first, and back after."""
+    if settings.auth_mode == "local" and found is None:
+        raise HTTPException(303, "log in first", headers={"Location": f"/login?next={quote(request.url.path)}"})
+
+
+PageAccess = Depends(page_access)
+
+
+def require_ingest_token(settings: SettingsDep, session: SessionDep,
+                         authorization: Annotated[str | None, Header()] = None) -> None:
+    """The workers' DETLAB_INGEST_TOKEN, or an API token with scope `ingest` (the SDK in a user's script)."""
+    expected = settings.resolved_ingest_token()
+    given = (authorization or "").removeprefix("Bearer ").strip()
+    if hmac.compare_digest(given.encode(), expected.encode()):
+        return
+    found = auth.token_identity(session=session, token=given) if given else None
+    if found is None:
+        raise HTTPException(401, "ingest needs 'Authorization: Bearer <DETLAB_INGEST_TOKEN>' or an API token "
+                                 "with scope 'ingest'")
+    if "ingest" not in found.scopes:
+        raise HTTPException(403, f"{found.name}'s token lacks scope 'ingest'")
+
+
+IngestAuth = Depends(require_ingest_token)

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 
 from fastapi import APIRouter, HTTPException
 
-from detlab.backend.api.deps import IngestAuth, RunId, SessionDep, SettingsDep
+from detlab.backend.api.deps import IdentityDep, IngestAuth, RunId, SessionDep, SettingsDep
 from detlab.backend.models import Run
-from detlab.backend.services import ingest, workers
+from detlab.backend.services import ingest, recordings, workers
 from detlab.core.wire import (
     Claim,
     CommLogStored,
@@ -20,6 +20,9 @@ from detlab.core.wire import (
     Finish,
     Heartbeat,
     HeartbeatAck,
+    RecordingClose,
+    RecordingOpen,
+    RecordingOpened,
     RecordsAccepted,
     RecordsBatch,
     RunSpec,
@@ -78,6 +81,25 @@ def finish_run(run_id: RunId, body: Finish, session: SessionDep) -> RunStatus:
     run = _run(session, run_id)
     with as_http_errors():
         ingest.finish(session=session, run=run, attempt=body.attempt, status=body.status, error=body.error)
+    session.commit()
+    return RunStatus(status=run.status)
+
+
+@router.post("/recordings", response_model=RecordingOpened)
+def open_recording(body: RecordingOpen, session: SessionDep, found: IdentityDep) -> RecordingOpened:
+    """The run of an SDK recording (created on first open, found again after): records go to
+    /runs/{run_id}/records with its attempt, and each rank closes it at /runs/{run_id}/close."""
+    with as_http_errors():
+        run = recordings.open_recording(session=session, body=body, submitter=found.name if found else None)
+    session.commit()
+    return RecordingOpened(job_id=run.job_id, run_id=run.id, attempt=run.attempt, status=run.status)
+
+
+@router.post("/runs/{run_id}/close", response_model=RunStatus)
+def close_recording(run_id: RunId, body: RecordingClose, session: SessionDep) -> RunStatus:
+    run = _run(session, run_id)
+    with as_http_errors():
+        recordings.close_rank(session=session, run=run, body=body)
     session.commit()
     return RunStatus(status=run.status)
 

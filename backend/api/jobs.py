@@ -3,34 +3,39 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Hashable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Response
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from detlab.backend.api.deps import CurrentUser, JobId, Limit, Offset, RankPath, RunId, SessionDep, SettingsDep
+from detlab.backend.api.deps import CurrentUser, JobId, RankPath, RunId, SessionDep, SettingsDep
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import train as train_figures
 from detlab.backend.models import FINISHED, CommLog, Job, Run, utcnow
+from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import (
     CollectiveFigures,
     CollectiveResult,
     JobCreate,
     JobRead,
     JobsPage,
+    JobsQuery,
     JobSummary,
+    JobUpdate,
     LogDiff,
     PlotlyFigure,
     RunRead,
     TrainResult,
 )
-from detlab.backend.services import cancel, idempotency, jobs
+from detlab.backend.services import cache, cancel, idempotency, job_list, jobs
 from detlab.backend.services.dispatch import send, undispatch
 from detlab.backend.services.settle import is_collective, job_result
 from detlab.backend.services.workers import queue_state
 from detlab.core import commlog
+from detlab.core.wire import INT32
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -64,6 +69,11 @@ def submit_job(data: JobCreate, session: SessionDep, settings: SettingsDep, user
             response.status_code = 200
             return _read(session, settings, first)
         raise
+    return _send(session, settings, job, response)
+
+
+def _send(session: SessionDep, settings: SettingsDep, job: Job, response: Response) -> JobRead:
+    """Commit a new job and send its runs."""
     runs = session.scalars(select(Run).where(Run.job_id == job.id).order_by(Run.id)).all()
     for run in runs:
         run.dispatched_at = utcnow()  # so the reconciler does not send them too while we do
@@ -87,9 +97,11 @@ def _first_job(session: SessionDep, key: str, digest: str) -> Job | None:
 
 
 @router.get("", response_model=JobsPage)
-def list_jobs(session: SessionDep, limit: Limit = 20, offset: Offset = 0) -> JobsPage:
-    items, total = jobs.list_jobs(session=session, limit=limit, offset=offset)
-    return JobsPage(items=[JobSummary.model_validate(job) for job in items], total=total)
+def list_jobs(session: SessionDep, query: Annotated[JobsQuery, Query()]) -> JobsPage:
+    """Jobs matching the filters, sorted (newest first by default), a page at a time, with the total."""
+    items, total = job_list.list_jobs(session=session, query=query)
+    return JobsPage(items=[JobSummary.model_validate(item) for item in items], total=total,
+                    limit=query.limit, offset=query.offset)
 
 
 def _job_or_404(session: SessionDep, job_id: int) -> Job:
@@ -109,6 +121,35 @@ def _read(session: SessionDep, settings: SettingsDep, job: Job) -> JobRead:
 @router.get("/{job_id}", response_model=JobRead)
 def read_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobRead:
     return _read(session, settings, _job_or_404(session, job_id))
+
+
+@router.patch("/{job_id}", response_model=JobRead)
+def update_job(job_id: JobId, data: JobUpdate, session: SessionDep, settings: SettingsDep,
+               user: CurrentUser) -> JobRead:
+    """Change what can change after submission: the job's tags (replaced by the list sent)."""
+    job = _job_or_404(session, job_id)
+    jobs.set_tags(session=session, job=job, tags=data.tags)
+    session.commit()
+    return _read(session, settings, job)
+
+
+@router.get("/{job_id}/spec", response_model=JobCreate)
+def read_spec(job_id: JobId, session: SessionDep) -> JobCreate:
+    """The body that submits this job again (POST /jobs), configs in full: what the page's Rerun fills in."""
+    return JobCreate.model_validate(jobs.spec_of(_job_or_404(session, job_id)))
+
+
+@router.post("/{job_id}/rerun", status_code=201, response_model=JobRead, responses={
+    202: {"model": JobRead, "description": "stored; the broker is down, so its runs are sent later"}})
+def rerun_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser,
+              response: Response) -> JobRead:
+    """Submit the job again, as it was submitted (a new job with new runs; the old one is kept)."""
+    data = JobCreate.model_validate(jobs.spec_of(_job_or_404(session, job_id)))
+    try:
+        job = jobs.create_job(session=session, data=data, settings=settings, submitter=user)
+    except jobs.InvalidJob as exc:  # the server's limits or workers changed since
+        raise HTTPException(422, str(exc)) from exc
+    return _send(session, settings, job, response)
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead, responses={409: {"description": "the job already finished"}})
@@ -134,20 +175,62 @@ def _result(job_id: int, session: SessionDep, *, collective: bool) -> dict[str, 
     return result
 
 
+StepQuery = Annotated[int | None, Query(ge=0, le=INT32, description="a step window, inclusive: its per-step rows "
+                                                                   "and loss in full (thinned past 2000 steps)")]
+
+
+def _comparison(job_id: int, session: SessionDep, from_step: int | None, to_step: int | None) -> dict[str, Any]:
+    """The stored comparison (per-step series thinned), or a step window of it in full from the rows."""
+    result = _result(job_id, session, collective=False)
+    if from_step is None and to_step is None:
+        return result
+    lo, hi = from_step or 0, INT32 if to_step is None else to_step
+    if hi < lo:
+        raise HTTPException(422, f"to_step ({hi}) is before from_step ({lo})")
+    job = _job_or_404(session, job_id)
+    return train_report.window(session=session, job=job, result=result, from_step=lo, to_step=hi)
+
+
+def _cached(request: Request, session: SessionDep, job_id: int, what: Hashable, build: Callable[[], bytes]) -> Response:
+    """A JSON response of a job's result: a finished job's is built once per process (services.cache), sent
+    gzipped when the client takes it, and revalidated by ETag (304 without the body)."""
+    key = cache.finished_key(session=session, job_id=job_id)
+    item = cache.get_or_build(key and (key, what), build)
+    headers = {"ETag": item.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
+    if item.etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
+        return Response(status_code=304, headers=headers)
+    if "gzip" in request.headers.get("accept-encoding", ""):
+        return Response(item.gzipped, media_type="application/json", headers={**headers, "Content-Encoding": "gzip"})
+    return Response(item.body, media_type="application/json", headers=headers)
+
+
 # A single-config comparison has no two-run keys: absent, as the report leaves them, not null.
 @router.get("/{job_id}/comparison", response_model=TrainResult, response_model_exclude_unset=True)
-def read_comparison(job_id: JobId, session: SessionDep) -> dict[str, Any]:
-    return _result(job_id, session, collective=False)
+def read_comparison(job_id: JobId, session: SessionDep, request: Request, from_step: StepQuery = None,
+                    to_step: StepQuery = None) -> Response:
+    """The comparison; per-step rows and loss are thinned to 2000 points (`downsampled` says how) unless
+    a window (from_step, to_step) is asked for."""
+    return _cached(request, session, job_id, ("comparison", from_step, to_step), lambda: TrainResult.model_validate(
+        _comparison(job_id, session, from_step, to_step)).model_dump_json(exclude_unset=True).encode())
 
 
 @router.get("/{job_id}/comparison/figure", response_model=PlotlyFigure)
-def read_comparison_figure(job_id: JobId, session: SessionDep) -> dict[str, Any]:
-    return train_figures.comparison_figure(_result(job_id, session, collective=False))
+def read_comparison_figure(job_id: JobId, session: SessionDep, request: Request, from_step: StepQuery = None,
+                           to_step: StepQuery = None) -> Response:
+    return _cached(request, session, job_id, ("figure", from_step, to_step), lambda: PlotlyFigure.model_validate(
+        train_figures.comparison_figure(_comparison(job_id, session, from_step, to_step))).model_dump_json().encode())
+
+
+@router.get("/{job_id}/comparison/divergence/figure", response_model=PlotlyFigure)
+def read_divergence_figure(job_id: JobId, session: SessionDep) -> dict[str, Any]:
+    """Tensor × step heatmap of where the compared runs differ, the differing ranks on hover."""
+    return train_figures.divergence_figure(_result(job_id, session, collective=False))
 
 
 @router.get("/{job_id}/throughput/figure", response_model=PlotlyFigure)
-def read_throughput_figure(job_id: JobId, session: SessionDep) -> dict[str, Any]:
-    return train_figures.throughput_figure(_result(job_id, session, collective=False))
+def read_throughput_figure(job_id: JobId, session: SessionDep, request: Request) -> Response:
+    return _cached(request, session, job_id, "throughput figure", lambda: PlotlyFigure.model_validate(
+        train_figures.throughput_figure(_result(job_id, session, collective=False))).model_dump_json().encode())
 
 
 @router.get("/{job_id}/collective", response_model=CollectiveResult)

@@ -1,23 +1,26 @@
-"""Health, the lists and limits the pages build their forms from, workloads, presets and findings."""
+"""Health, the lists and limits the pages build their forms from, workloads and presets."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel
 from sqlalchemy import text
 
 from detlab.backend.api.deps import SessionDep, SettingsDep
-from detlab.backend.reports import findings
+from detlab.backend.schemas import JOB_KINDS, JOB_STATUSES, VERDICTS
 from detlab.backend.services.dispatch import broker_state
 from detlab.backend.services.jobs import MAX_SIZES, MAX_SWEEP_CELLS
 from detlab.backend.services.workers import known_workloads, live_workers
 from detlab.core import collective, configs
 from detlab.core.configs import ConfigBody
+from detlab.core.wire import MAX_TAGS, TAG_LENGTH, TAG_PATTERN
 from detlab.core.workloads import WorkloadInfo
 
 router = APIRouter(prefix="/api/v1", tags=["meta"])
+# Health and liveness answer without an identity in every auth mode (probes, load balancers).
+health_router = APIRouter(prefix="/api/v1", tags=["meta"])
 
 
 class LiveRead(BaseModel):
@@ -45,6 +48,9 @@ class LimitsRead(BaseModel):
     max_repeats: int
     max_sweep_cells: int
     max_sizes: int
+    max_tags: int
+    max_tag_length: int
+    tag_pattern: str
 
 
 class MetaRead(BaseModel):
@@ -54,6 +60,10 @@ class MetaRead(BaseModel):
     dtypes: list[str]
     dtype_bytes: dict[str, int]
     limits: LimitsRead
+    # What the jobs list filters on (GET /jobs kind=, status=, verdict=).
+    job_kinds: list[str]
+    job_statuses: list[str]
+    verdicts: list[str]
 
 
 class PresetRead(BaseModel):
@@ -62,36 +72,14 @@ class PresetRead(BaseModel):
     config: ConfigBody
 
 
-class FindingGroup(BaseModel):
-    """One hardware × library × config × op × dtype: sizes reproducible and busbw at the largest size."""
-
-    hardware: str
-    library: str
-    config: str
-    op: str
-    dtype: str
-    env: dict[str, Any]
-    sources: list[str]
-    sizes: int
-    reproducible: int
-    cells: int
-    min_runs: int
-    largest_bytes: int
-    busbw_gbps_at_largest: float | None
-
-
-class FindingsRead(BaseModel):
-    groups: list[FindingGroup]
-
-
-@router.get("/live", response_model=LiveRead)
+@health_router.get("/live", response_model=LiveRead)
 def live(session: SessionDep) -> LiveRead:
     """Liveness for container health checks: the API serves and its database answers."""
     session.execute(text("SELECT 1"))
     return LiveRead(status="ok")
 
 
-@router.get("/health", response_model=HealthRead, responses={503: {"model": HealthRead}})
+@health_router.get("/health", response_model=HealthRead, responses={503: {"model": HealthRead}})
 def health(session: SessionDep, settings: SettingsDep, response: Response) -> HealthRead:
     """200 once the database and the broker answer and a worker has beaten recently; 503 with the reason
     otherwise. The broker check is one PING bounded by a 2 s timeout."""
@@ -120,7 +108,9 @@ def meta(settings: SettingsDep) -> MetaRead:
         dtype_bytes=collective.DTYPE_BYTES,
         limits=LimitsRead(max_world_size=settings.max_world_size, max_steps=settings.max_steps,
                           max_repeats=settings.max_repeats, max_sweep_cells=MAX_SWEEP_CELLS,
-                          max_sizes=MAX_SIZES),
+                          max_sizes=MAX_SIZES, max_tags=MAX_TAGS, max_tag_length=TAG_LENGTH,
+                          tag_pattern=TAG_PATTERN),
+        job_kinds=list(JOB_KINDS), job_statuses=list(JOB_STATUSES), verdicts=list(VERDICTS),
     )
 
 
@@ -135,10 +125,3 @@ def presets() -> list[PresetRead]:
     """The named configs a job may start from."""
     return [PresetRead(name=name, description=desc, config=configs.preset(name))
             for name, (desc, _) in configs.PRESETS.items()]
-
-
-@router.get("/findings", response_model=FindingsRead)
-def read_findings(session: SessionDep) -> FindingsRead:
-    """The team's history: per hardware, library, config, op and dtype, the sizes that were
-    reproducible and the bus bandwidth at the largest size."""
-    return FindingsRead.model_validate({"groups": findings.summary(session=session)})

@@ -86,6 +86,18 @@ def _title(comparison: dict[str, Any]) -> str:
     return f"Incomparable: {reason}"
 
 
+def _thinned(comparison: dict[str, Any]) -> str:
+    """A subtitle when the per-step series were thinned (a long run) or are a step window."""
+    window, thinned = comparison.get("window"), comparison.get("downsampled")
+    parts = []
+    if window:
+        parts.append(f"steps {window['from_step']}-{window['to_step']}")
+    if thinned:
+        parts.append(f"{thinned['steps']} steps, {thinned['steps_per_point']} per bar (the most tensors differing "
+                     "among them); zoom in for every step")
+    return f"<br><sup>{'; '.join(parts)}</sup>" if parts else ""
+
+
 def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     """Tensors differing per step (top) and loss A/B with |Δloss| on a log axis (bottom), sharing x=step.
 
@@ -100,27 +112,34 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
         row_heights=[0.45, 0.55],
         specs=[[{}], [{"secondary_y": True}]],
     )
+    # The long arrays (one value per step or bucket) are put into the figure after plotly built it: its
+    # validation checks them element by element, most of a long run's figure time. One dict per trace.
+    arrays: list[dict[str, Any]] = []
     per_step = comparison.get("per_step") or []
     steps = [int(p["step"]) for p in per_step]
     counts = [p.get("tensors_differing") for p in per_step]  # None: differs, tensor detail not loaded
     differing = [int(c or 0) for c in counts]
     fig.add_trace(
         go.Bar(
-            x=steps,
-            y=[None if c is None else int(c) for c in counts],
+            x=[],
+            y=[],
             name="tensors differing",
-            marker_color=[COLOR_DIFF if d else COLOR_NEUTRAL for d in differing],
+            # One number per bar on a two-colour scale (the numbers come with the arrays below).
+            marker={"colorscale": [[0, COLOR_NEUTRAL], [1, COLOR_DIFF]], "cmin": 0, "cmax": 1},
             hovertemplate="step %{x}: %{y} tensors differ<extra></extra>",
         ),
         row=1,
         col=1,
     )
+    arrays.append({"x": steps, "y": [None if c is None else int(c) for c in counts],
+                   "marker.color": [1 if d else 0 for d in differing]})
     unknown = [s for s, c in zip(steps, counts, strict=True) if c is None]
     if unknown:
+        arrays.append({"x": unknown, "y": [max(differing + [1])] * len(unknown)})
         fig.add_trace(
             go.Scatter(
-                x=unknown,
-                y=[max(differing + [1])] * len(unknown),
+                x=[],
+                y=[],
                 name="differs (tensor count not loaded)",
                 mode="markers",
                 marker={"symbol": "line-ew-open", "size": 10, "color": COLOR_DIFF},
@@ -133,6 +152,7 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     first = comparison.get("first_divergent_step")
     if comparison.get("verdict") == "diverged" and first is not None:
         at_first = dict(zip(steps, differing, strict=True)).get(int(first), 0)
+        arrays.append({})
         fig.add_trace(
             go.Scatter(
                 x=[first],
@@ -172,10 +192,11 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     loss = comparison.get("loss") or {}
     for key, label, color in (("a", "loss A", COLOR_A), ("b", "loss B", COLOR_B)):
         points = _loss_points(loss.get(key))
+        arrays.append({"x": list(points), "y": list(points.values())})
         fig.add_trace(
             go.Scatter(
-                x=list(points),
-                y=list(points.values()),
+                x=[],
+                y=[],
                 name=label,
                 mode="lines",
                 line={"color": color, "dash": "solid" if key == "a" else "dot"},
@@ -187,11 +208,11 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     delta_steps, delta = abs_loss_delta(loss)
     axis = delta_axis(delta)
     if delta:
+        arrays.append({"x": delta_steps, "y": [d if d > 0 else axis["floor"] for d in delta], "customdata": delta})
         fig.add_trace(
             go.Scatter(
-                x=delta_steps,
-                y=[d if d > 0 else axis["floor"] for d in delta],
-                customdata=delta,
+                x=[],
+                y=[],
                 name="|Δloss|",
                 mode="lines+markers",
                 marker={"size": 4},
@@ -216,14 +237,20 @@ def comparison_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     fig.update_xaxes(tick0=0, dtick=count_dtick(max(steps, default=0) - min(steps, default=0)), tickformat="d")
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_layout(
-        title={"text": _title(comparison)},
+        title={"text": _title(comparison) + _thinned(comparison)},
         template="plotly_white",
         height=560,
         margin={"l": 60, "r": 60, "t": 90, "b": 50},
         legend={"orientation": "h", "y": -0.15},
         bargap=0.1,
     )
-    return _as_dict(fig)
+    out = _as_dict(fig)
+    for trace, values in zip(out["data"], arrays, strict=True):
+        color = values.pop("marker.color", None)
+        trace.update(values)
+        if color is not None:
+            trace.setdefault("marker", {})["color"] = color
+    return out
 
 
 def config_label(index: int, name: str, world_size: int | None = None) -> str:
@@ -275,3 +302,53 @@ def throughput_figure(comparison: dict[str, Any]) -> dict[str, Any]:
         showlegend=False,
     )
     return _as_dict(fig)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def divergence_figure(comparison: dict[str, Any]) -> dict[str, Any]:
+    """Tensor × step heatmap of the comparison's divergence_map: a cell is coloured where the runs' digests
+    of that tensor differ at that step (by how many ranks differ), blank where they are equal; hovering
+    names the ranks. Steps are categories: only differing steps with per-tensor digests are listed."""
+    found = comparison.get("divergence_map") or {}
+    steps, tensors = found.get("steps") or [], found.get("tensors") or []
+    per_rank = found.get("mode") == "per-rank"
+    column = {step: i for i, step in enumerate(steps)}
+    z: list[list[int | None]] = [[None] * len(steps) for _ in tensors]
+    text = [[""] * len(steps) for _ in tensors]
+    rank_sets = found.get("rank_sets") or []
+    for step, row, ranks_at in found.get("cells") or []:
+        ranks = rank_sets[ranks_at] if ranks_at < len(rank_sets) else []
+        z[row][column[step]] = len(ranks) if per_rank else 1
+        text[row][column[step]] = _ranks_text(ranks) if per_rank else "differs (ranks not matched: rank consensus)"
+    fig = go.Figure()
+    if steps:
+        fig.add_trace(go.Heatmap(
+            x=[str(s) for s in steps], y=tensors, z=z, text=text, name="differing ranks",
+            # Colour by how many ranks differ, on a whole-number scale from none to the most seen.
+            colorscale=[[0, "#fcbba1"], [1, COLOR_DIFF]], zmin=0, xgap=1, ygap=1,
+            zmax=max([len(r) for r in rank_sets] + [1]) if per_rank else 1, showscale=per_rank,
+            colorbar={"title": {"text": "ranks"}, "thickness": 12,
+                      "dtick": count_dtick(max([len(r) for r in rank_sets] + [1]))},
+            hovertemplate="step %{x} · %{y}<br>%{text}<extra></extra>"))
+    title = "Where the runs differ: tensor × step"
+    if found.get("note"):
+        title += f"<br><sup>{found['note']}</sup>"
+    fig.update_layout(
+        title={"text": title}, template="plotly_white", uirevision="divergence",
+        height=max(260, 120 + 18 * len(tensors)), margin={"l": 10, "r": 10, "t": 70, "b": 50},
+        xaxis={"title": {"text": "step (differing steps only)"}, "type": "category"},
+        yaxis={"title": {"text": ""}, "type": "category", "autorange": "reversed", "automargin": True})
+    return _as_dict(fig)
+
+
+def warm_up() -> None:
+    """Build a tiny figure of each kind once, so that plotly has loaded what it loads on first use."""
+    tiny = {"verdict": "diverged", "first_divergent_step": 1, "per_step": [{"step": 0, "tensors_differing": 0},
+                                                                       {"step": 1, "tensors_differing": 1}],
+            "loss": {"a": [[0, 1.0], [1, 1.0]], "b": [[0, 1.0], [1, 2.0]]}}
+    comparison_figure(tiny)
+    throughput_figure({"throughput": [{"config_index": 0, "samples_per_s": 1.0, "spread": [1.0, 1.0]}]})
+

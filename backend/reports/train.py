@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import SUCCEEDED, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
-from detlab.core import commlog, configs
+from detlab.core import commlog, configs, divergence_map, steps
 from detlab.core import train as compare
 
 # Packed per-tensor digests are loaded for the first divergent step and at most this many others:
@@ -17,17 +17,23 @@ from detlab.core import train as compare
 DETAIL_STEPS = 200
 
 
-def load_run(*, session: Session, run: Run, workload: str, interval: int = 1) -> compare.RunData:
+def load_run(*, session: Session, run: Run, workload: str, interval: int = 1,
+             between: tuple[int, int] | None = None) -> compare.RunData:
     """A run's step records with model digests only (packed digests come later, where needed), and
-    what it was meant to record, so that a run that stopped early compares `incomplete`."""
+    what it was meant to record, so that a run that stopped early compares `incomplete` (a registered
+    script's steps are its own: judged against the other run, and by how the run ended). `between`:
+    only the steps of that closed range (and nothing expected)."""
     tensors = session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index))
     data = compare.RunData(run_id=run.id, workload=workload, world_size=run.world_size,
                            tensors=[(t.name, list(t.shape), t.dtype) for t in tensors],
-                           expected_steps=compare.recorded_steps(run.steps_total, interval), status=run.status)
+                           expected_steps=None if between or run.job.params.get("script")
+                           else compare.recorded_steps(run.steps_total, interval),
+                           status=run.status)
     # Core rows, not ORM rows: a long run has hundreds of thousands of them.
     rows = session.connection().execute(select(
         StepRecord.step, StepRecord.rank, StepRecord.model_digest, StepRecord.loss, StepRecord.step_time_s,
-        StepRecord.fp_version).where(StepRecord.run_id == run.id)).all()
+        StepRecord.fp_version).where(StepRecord.run_id == run.id, *(
+            [StepRecord.step.between(*between)] if between else []))).all()
     data.records = {(step, rank): compare.StepData(None, loss, seconds, digest)
                     for step, rank, digest, loss, seconds, _ in rows}
     data.fp_versions = {row[5] for row in rows} or data.fp_versions
@@ -36,11 +42,15 @@ def load_run(*, session: Session, run: Run, workload: str, interval: int = 1) ->
 
 def load_detail(*, session: Session, runs: list[compare.RunData], steps: list[int]) -> None:
     """Fill in the packed per-tensor digests of these steps."""
+    wanted = set(steps)
+    # Many steps (a window's every differing step) are read as their range: one index range scan.
+    where = StepRecord.step.between(min(steps), max(steps)) if len(steps) > 100 else StepRecord.step.in_(steps)
     for data in runs:
         rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.digests).where(
-            StepRecord.run_id == data.run_id, StepRecord.step.in_(steps)))
+            StepRecord.run_id == data.run_id, where))
         for step, rank, digests in rows:
-            data.records[(step, rank)].digests = bytes(digests)
+            if step in wanted and (step, rank) in data.records:
+                data.records[(step, rank)].digests = bytes(digests)
 
 
 def detail_steps(differing: list[int]) -> list[int]:
@@ -104,8 +114,12 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         return None
     if len(cfgs) >= 2:
         a, b = groups[0][0], groups[1][0]
-        load_detail(session=session, runs=[a, b], steps=detail_steps(compare.differing_steps(a, b)))
+        differing = compare.differing_steps(a, b)
+        detail = detail_steps(differing)
+        load_detail(session=session, runs=[a, b], steps=detail)
         result = compare.compare_runs(a, b)
+        if result["verdict"] == "diverged":  # the page's tensor × step heatmap; bounded, apart from per_step
+            result["divergence_map"] = divergence_map.tensor_step_map(a, b, detail, steps_differing=len(differing))
         result["config_diff"] = configs.diff(cfgs[0].body, cfgs[1].body)
         result["environment"] = environment(session=session, run_a=a.run_id, run_b=b.run_id)
     else:
@@ -129,3 +143,26 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
                                  for i, g in sorted(groups.items())]
     result["effective_mismatches"] = effective_mismatches(session=session, runs=list(job.runs))
     return result
+
+
+def window(*, session: Session, job: Job, result: dict[str, Any], from_step: int, to_step: int) -> dict[str, Any]:
+    """The comparison with `per_step` and `loss` in full for the steps from_step..to_step, computed from the
+    two compared runs' rows (thinned again when the window holds more than steps.MAX_POINTS steps)."""
+    runs = {r.id: r for r in job.runs}
+    ids = [result.get("run_a"), result.get("run_b")]
+    detail: dict[str, Any] = {"per_step": [], "loss": {"a": [], "b": []}}
+    if all(i in runs for i in ids) and result.get("verdict") != "incomparable":
+        interval = int(job.params.get("fingerprint_interval", 1))
+        a, b = (load_run(session=session, run=runs[i], workload=job.workload, interval=interval,
+                         between=(from_step, to_step)) for i in ids)
+        if a.records and b.records:
+            # Tensor counts for every differing step of a window that is shown whole; a longer one is thinned,
+            # so a sample does.
+            differing = compare.differing_steps(a, b)
+            whole = len(set(a.steps()) | set(b.steps())) <= steps.MAX_POINTS
+            load_detail(session=session, runs=[a, b], steps=differing if whole else detail_steps(differing))
+            detail = compare.compare_runs(a, b)
+    thinned = steps.downsample({"per_step": detail["per_step"], "loss": detail["loss"]})
+    return {**result, **thinned, "downsampled": thinned.get("downsampled"),
+            "window": {"from_step": from_step, "to_step": to_step}}
+

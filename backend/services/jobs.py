@@ -8,10 +8,22 @@ import re
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
 
-from detlab.backend.models import CANCELLED, FAILED, FINISHED, QUEUED, RUNNING, SUCCEEDED, Config, Job, Run, utcnow
+from detlab.backend.models import (
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    Config,
+    Job,
+    JobTag,
+    Run,
+    utcnow,
+)
 from detlab.backend.schemas import CollectiveParams, JobCreate
 from detlab.backend.services.workers import known_workloads, queue_state
 from detlab.core import configs
@@ -115,9 +127,14 @@ def _validate(data: JobCreate, settings: Settings,
     steps = data.steps or workload.default_steps
     if steps > settings.max_steps:
         raise InvalidJob(f"steps must be <= {settings.max_steps}")
+    if workload.script and data.inject_bitflip:
+        raise InvalidJob(f"{data.workload} is a registered script: detlab cannot flip a bit inside it")
     for body in bodies:
         world = body.world_size or data.world_size
-        if workload.global_batch % world:
+        if workload.world_sizes and world not in workload.world_sizes:
+            raise InvalidJob(f"{data.workload} runs at world sizes {list(workload.world_sizes)}, not {world} "
+                             f"(config {body.name})")
+        if not workload.script and workload.global_batch % world:  # a script splits its own batch
             raise InvalidJob(f"{data.workload} has a global batch of {workload.global_batch}, which does not split "
                              f"evenly over world_size {world}")
         if data.inject_bitflip and data.inject_bitflip.rank >= world:
@@ -158,8 +175,11 @@ def create_job(*, session: Session, data: JobCreate, settings: Settings, submitt
                                 "sizes": (data.collective or CollectiveParams()).sizes()}
     else:
         params["global_batch"] = workloads[workload].global_batch
+        if workloads[workload].script:
+            params["script"] = True
     if data.sweep:
         params["sweep"] = data.sweep.model_dump()
+        params["sweep_base"] = configs.resolve(data.configs[0]).model_dump()  # for a rerun: cells lose it
     if data.inject_bitflip:
         params["inject_bitflip"] = data.inject_bitflip.model_dump()
     job = Job(kind=data.kind, workload=workload, world_size=data.world_size, steps=steps,
@@ -167,6 +187,7 @@ def create_job(*, session: Session, data: JobCreate, settings: Settings, submitt
               queue=data.queue)
     session.add(job)
     session.flush()
+    set_tags(session=session, job=job, tags=data.tags)
     for repeat in range(data.repeats):
         for index, (config, body) in enumerate(zip(stored, bodies, strict=True)):
             session.add(Run(job_id=job.id, config_id=config.id, config_index=index, repeat=repeat,
@@ -192,9 +213,41 @@ def load_job(*, session: Session, job_id: int) -> Job | None:
     return session.scalars(select(Job).where(Job.id == job_id).options(selectinload(Job.runs))).first()
 
 
-def list_jobs(*, session: Session, limit: int, offset: int) -> tuple[list[Job], int]:
-    """A page of jobs, newest first, and how many there are."""
-    total = session.scalar(select(func.count()).select_from(Job)) or 0
-    jobs = session.scalars(select(Job).order_by(Job.id.desc()).limit(limit).offset(offset)
-                           .options(selectinload(Job.runs))).all()
-    return list(jobs), total
+def set_tags(*, session: Session, job: Job, tags: list[str]) -> None:
+    """Replace the job's tags (validated by schemas.Tags): the list shown, and the rows the list filters on."""
+    job.tags = list(tags)
+    session.execute(delete(JobTag).where(JobTag.job_id == job.id))
+    session.add_all(JobTag(job_id=job.id, tag=tag) for tag in dict.fromkeys(tags))
+    session.flush()
+
+
+def _sweep_base(job: Job) -> dict[str, Any]:
+    """A sweep's base config: stored with the job; for jobs from before, its first cell without the
+    swept knobs (their values in the base are lost with it)."""
+    if "sweep_base" in job.params:
+        return dict(job.params["sweep_base"])
+    body = dict(job.configs[0].body)
+    swept = {t for knob in job.params["sweep"]["knobs"] for t in (CHANNEL_VARS if knob == "channels" else (knob,))}
+    return {**body, "name": "sweep-base", "env": {k: v for k, v in body["env"].items() if k not in swept}}
+
+
+def spec_of(job: Job) -> dict[str, Any]:
+    """The request that submits this job again (a JobCreate body): its configs in full, so they can be
+    edited, and its workload, sizes, repeats, queue and tags."""
+    params = job.params
+    spec: dict[str, Any] = {"kind": job.kind, "world_size": job.world_size, "repeats": job.repeats,
+                            "queue": job.queue, "tags": list(job.tags or []),
+                            "fingerprint_interval": params.get("fingerprint_interval", 1)}
+    if job.kind == "sweep":
+        spec["configs"] = [_sweep_base(job)]
+        spec["sweep"] = params["sweep"]
+    else:
+        spec["configs"] = [dict(c.body) for c in job.configs]
+    if job.workload == "collective":
+        fields = CollectiveParams.model_fields
+        spec["collective"] = {k: v for k, v in (params.get("collective") or {}).items() if k in fields}
+    else:
+        spec.update(workload=job.workload, steps=job.steps)
+    if "inject_bitflip" in params:
+        spec["inject_bitflip"] = params["inject_bitflip"]
+    return spec

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.db import get_sessionmaker
-from detlab.backend.models import FAILED, QUEUED, RUNNING, Run, utcnow
+from detlab.backend.models import FAILED, QUEUED, RECORDING, RUNNING, Job, Run, utcnow
 from detlab.backend.services.dispatch import send, undispatch
 from detlab.backend.services.settle import settle
 from detlab.backend.services.workers import as_utc, live_workers
@@ -28,7 +28,9 @@ def reconcile(*, session: Session, settings: Settings) -> list[tuple[int, str]]:
     workers = live_workers(session=session, within_s=settings.run_stale_after_s)
     idle_queues = {w.queue for w in workers if w.info.get("run_id") is None}
     busy_runs = {w.info.get("run_id") for w in workers}
-    for run in session.scalars(select(Run).where(Run.status.in_([QUEUED, RUNNING]))):
+    # A recording's run is the SDK's to feed and close: no worker runs it, so none is sent one.
+    active = select(Run).join(Job).where(Run.status.in_([QUEUED, RUNNING]), Job.kind != RECORDING)
+    for run in session.scalars(active):
         queue = run.job.queue
         if run.status == RUNNING:
             beat = as_utc(run.heartbeat_at) or now

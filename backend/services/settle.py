@@ -14,6 +14,7 @@ from detlab.backend.reports import collective as collective_report
 from detlab.backend.reports import findings
 from detlab.backend.reports import train as train_report
 from detlab.backend.services.jobs import roll_up
+from detlab.core import steps
 
 
 def is_collective(job: Job) -> bool:
@@ -30,25 +31,46 @@ def _build(*, session: Session, job: Job) -> dict[str, Any] | None:
     # As the JSON column will give it back: tuples as lists, and NaN/inf (a loss that blew up, an
     # error against a NaN reference) as null, which PostgreSQL's json and HTTP responses can carry.
     stored: dict[str, Any] = json.loads(json.dumps(result), parse_constant=lambda _: None)
-    return stored
+    # A train comparison keeps its per-step series thinned (100k steps would be megabytes on every read);
+    # a step window in full is computed from the rows on demand (reports.train.window).
+    return stored if report is collective_report else steps.downsample(stored)
+
+
+def list_verdict(result: dict[str, Any] | None) -> str | None:
+    """A result in one word, for the jobs list: a train pair's verdict; else, for a single train config
+    or a collective/sweep job, reproducible or not-reproducible (repeats identical to the first; every
+    cell one digest); None when nothing was compared."""
+    if not result:
+        return None
+    if result.get("verdict"):
+        return str(result["verdict"])
+    if "cells" in result:
+        cells = result["cells"] or []
+        return None if not cells else "reproducible" if all(c.get("reproducible") for c in cells) \
+            else "not-reproducible"
+    measured = [r for r in result.get("reproducibility") or [] if r.get("comparable")]
+    if not measured:
+        return None
+    return "reproducible" if all(r["identical_to_first"] == r["comparable"] for r in measured) else "not-reproducible"
 
 
 def _store(*, session: Session, job: Job) -> dict[str, Any]:
     job.result = _build(session=session, job=job) or {}  # {}: finished with nothing recorded
+    job.verdict = list_verdict(job.result)
     return job.result
 
 
 def settle(*, session: Session, job: Job) -> None:
-    """Roll the job's status up from its runs; once finished, compute and store its result (and keep a
-    collective job's cells in the team history)."""
+    """Roll the job's status up from its runs; once finished, compute and store its result (and keep its
+    measurements in the team history: a collective job's cells, a train job's configs)."""
     roll_up(session=session, job=job)
     if job.status not in FINISHED:
         if job.result is not None:
-            job.result = None
+            job.result = job.verdict = None
         return
     if job.result is None:
         result = _store(session=session, job=job)
-        if result and is_collective(job):
+        if result:
             findings.record_job(session=session, job=job, result=result)
 
 
@@ -61,4 +83,6 @@ def job_result(*, session: Session, job: Job) -> dict[str, Any] | None:
         return _build(session=session, job=job)
     if job.result is None:
         _store(session=session, job=job)
+    elif not is_collective(job) and steps.is_oversize(job.result):
+        job.result = steps.downsample(job.result)  # stored before results were thinned: thinned once
     return job.result or None

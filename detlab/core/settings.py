@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# A list setting from the environment: comma-separated (`DETLAB_ALLOWED_HOSTS=localhost,detlab.example.com`).
+CommaList = Annotated[list[str], NoDecode]
 
 
 class Settings(BaseSettings):
@@ -19,13 +23,25 @@ class Settings(BaseSettings):
     database_url: str | None = None  # default: SQLite file under data_dir
     broker_url: str | None = None  # default: kombu filesystem transport under data_dir
     # none: no users, listens on 127.0.0.1 only. proxy: an authenticating reverse proxy in front sets
-    # proxy_user_header; submissions without it are refused.
-    auth_mode: Literal["none", "proxy"] = "none"
+    # proxy_user_header, trusted only from trusted_proxies. local: users and API tokens in the database
+    # (`detlab user add`, `detlab token create`), browser sessions by cookie. Outside `none` every endpoint
+    # but health needs an identity.
+    auth_mode: Literal["none", "proxy", "local"] = "none"
     proxy_user_header: str = "X-Forwarded-User"
+    # Addresses or networks (CIDR) the proxy connects from; the user header from any other peer is refused.
+    trusted_proxies: CommaList = ["127.0.0.1", "::1"]
+    # Host header values served (DNS rebinding); `detlab api --host NAME` adds NAME.
+    allowed_hosts: CommaList = ["localhost", "127.0.0.1", "::1"]
+    # The session cookie's Secure flag; unset: set when the request came over https (behind a proxy that
+    # terminates TLS the API sees http: set it true).
+    session_cookie_secure: bool | None = None
+    session_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    token: str | None = None  # DETLAB_TOKEN: the API token the CLI sends (`detlab token create`)
     ingest_token: str | None = None
     api_url: str = "http://127.0.0.1:8000"
     queue: str = "default"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # where a worker's ranks run
+    scripts: Path | None = None  # worker: the team's registered training scripts (a TOML file; worker.scripts)
     # A run whose worker has not sent a heartbeat for this long is re-dispatched (or failed).
     heartbeat_interval_s: float = 2.0
     run_stale_after_s: float = 30.0
@@ -45,6 +61,31 @@ class Settings(BaseSettings):
     # Worker: gloo ranks it starts per CPU core (small CPU workloads share a core well; W=64 on 2 cores does
     # not). It reports cores × this in its heartbeat; the server refuses larger world sizes on its queue.
     cpu_ranks_per_core: int = Field(default=4, ge=1, le=64)
+
+    @field_validator("trusted_proxies", "allowed_hosts", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _refuse_trusting_everyone(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                network = ipaddress.ip_network(entry, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"DETLAB_TRUSTED_PROXIES: {entry!r} is not an IP address or network") from exc
+            if network.prefixlen == 0:
+                raise ValueError(f"DETLAB_TRUSTED_PROXIES: {entry!r} trusts every address, so anyone could "
+                                 "set the user header; name the proxy's address")
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts_are_names(cls, value: list[str]) -> list[str]:
+        if "*" in value:
+            raise ValueError("DETLAB_ALLOWED_HOSTS: '*' would accept any Host (DNS rebinding); list the names")
+        return [v.lower().strip("[]") for v in value]
 
     @model_validator(mode="after")
     def _refuse_insecure_distributed(self) -> Settings:

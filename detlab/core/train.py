@@ -6,13 +6,15 @@ Pure functions over plain data (see RunData); no database. Semantics: ../shared 
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-DIGEST_BYTES = 16
+from detlab.core import shards
+from detlab.core.shards import DIGEST_BYTES, RankTensor
 
 
 @dataclass(slots=True)
@@ -37,6 +39,9 @@ class RunData:
     # What the run was meant to record (None: unknown, judged against the other run only) and how it ended.
     expected_steps: list[int] | None = None
     status: str | None = None
+    # SDK recordings: each rank's own list, with DTensor placements and replicas (detlab.core.shards). Empty:
+    # every rank recorded `tensors`, and nothing is known of replicas.
+    rank_tensors: dict[int, list[RankTensor]] = field(default_factory=dict)
     # steps() and ranks() are asked once per step of a comparison: cached while `records` keeps its size.
     _cache: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -104,16 +109,12 @@ def _incomparable(a: RunData, b: RunData) -> str | None:
         return f"run(s) {', '.join(missing)} recorded no steps"
     if a.fp_versions != b.fp_versions or len(a.fp_versions) > 1:
         return f"fingerprint versions differ: {sorted(a.fp_versions)} vs {sorted(b.fp_versions)}"
-    if a.tensors != b.tensors:
-        names_a, names_b = {t[0]: t for t in a.tensors}, {t[0]: t for t in b.tensors}
-        only = sorted(names_a.keys() ^ names_b.keys())
-        changed = sorted(n for n in names_a.keys() & names_b.keys() if names_a[n] != names_b[n])
-        parts = []
-        if only:
-            parts.append(f"tensors present in one run only: {only[:10]}")
-        if changed:
-            parts.append(f"tensors with different shape or dtype: {changed[:10]}")
-        return "; ".join(parts) or "tensor order differs"
+    if a.rank_tensors and b.rank_tensors and (shards.sharded(a.rank_tensors) or shards.sharded(b.rank_tensors)):
+        reason = shards.layout_difference(a.rank_tensors, b.rank_tensors, (a.world_size, b.world_size))
+    else:
+        reason = shards.list_difference(shards.plain(a.tensors), shards.plain(b.tensors))
+    if reason:
+        return reason
     if not set(a.steps()) & set(b.steps()):
         return "the runs share no recorded step"
     if a.world_size == b.world_size and not set(a.ranks()) & set(b.ranks()):
@@ -160,7 +161,7 @@ def mean_loss(run: RunData, step: int) -> float | None:
     # Ranks hold equal slices of a fixed global batch, so the mean of rank losses is the global loss.
     losses = [loss for r in run.ranks() if (step, r) in run.records
               and (loss := run.records[(step, r)].loss) is not None]
-    return statistics.fmean(losses) if losses else None
+    return math.fsum(losses) / len(losses) if losses else None  # statistics.fmean, without its overhead
 
 
 def _loss_curve(run: RunData, steps: list[int]) -> list[list[float]]:
@@ -173,13 +174,17 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     incomparable (why). `missing` lists what is missing, whatever the verdict.
 
     Steps are told apart by their model digests; tensor-level detail is given for the steps whose
-    packed digests are loaded (the caller loads the first divergent step and a sample of the rest)."""
+    packed digests are loaded (the caller loads the first divergent step and a sample of the rest).
+
+    `replica_disagreements`, apart from the verdict: where, within either run, ranks that must hold
+    bit-equal copies of a tensor first do not."""
+    replicas = replica_disagreements(a) + replica_disagreements(b)
     reason = _incomparable(a, b)
     if reason:
         return {"verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
                 "first_divergent_step": None, "first_divergent_tensors": [], "ranks": [],
                 "steps_differing": 0, "steps_compared": 0, "per_step": [], "loss": {"a": [], "b": []},
-                "missing": []}
+                "missing": [], "replica_disagreements": replicas}
     names = [t[0] for t in a.tensors]
     steps = sorted(set(a.steps()) & set(b.steps()))
     per_rank = a.world_size == b.world_size
@@ -198,7 +203,10 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         unknown += tensors is None
         if first_step is None:
             first_step, first_ranks = step, ranks
-            first_tensors = [names[i] for i in sorted(tensors or ())]
+            if common and a.rank_tensors and tensors is not None:  # each rank's own list
+                first_tensors = _names(a, b, step, ranks)
+            else:
+                first_tensors = [names[i] for i in sorted(tensors or ())]
     if unknown:
         notes.append(f"tensor counts shown for {differing_steps - unknown} of {differing_steps} differing steps "
                      "(the first included)")
@@ -223,7 +231,25 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         "per_step": per_step,
         "loss": {"a": _loss_curve(a, steps), "b": _loss_curve(b, steps)},
         "missing": missing,
+        "replica_disagreements": replicas,
     }
+
+
+def _names(a: RunData, b: RunData, step: int, ranks: list[int]) -> list[str]:
+    """The differing tensors at `step` on `ranks`, each rank's digests read with its own list (sharded models)."""
+    return shards.differing_names(a.rank_tensors, [(r, a.records[(step, r)].digests or b"",
+                                                    b.records[(step, r)].digests or b"") for r in ranks])
+
+
+def replica_disagreements(run: RunData) -> list[dict[str, Any]]:
+    """Within one run: the first step where ranks that must hold bit-equal copies of a tensor (DDP's parameters,
+    a DTensor's Replicate() dimensions) do not, one row per tensor (detlab.core.shards). [] when they all agree
+    or nothing is known of replicas."""
+    if not run.rank_tensors:
+        return []
+    return shards.replica_disagreements(run.run_id, run.rank_tensors,
+                                        {key: data.digests for key, data in run.records.items()},
+                                        next(iter(run.fp_versions), "fp"))
 
 
 def differing_steps(a: RunData, b: RunData) -> list[int]:
@@ -237,12 +263,15 @@ def reproducibility(repeats: list[RunData]) -> dict[str, Any]:
     (identical or diverged). Incomplete and incomparable repeats are counted apart, never as
     identical; a repeat that recorded nothing says nothing. Rate None with nothing comparable."""
     recorded = [r for r in repeats if r.records]
-    verdicts = [compare_runs(recorded[0], other)["verdict"] for other in recorded[1:]]
+    results = [compare_runs(recorded[0], other) for other in recorded[1:]]
+    verdicts = [r["verdict"] for r in results]
     same = verdicts.count("identical")
     comparable = same + verdicts.count("diverged")
+    parted = [r["first_divergent_step"] for r in results if r["verdict"] == "diverged"]
     return {"repeats": len(repeats), "recorded": len(recorded), "comparable": comparable,
             "identical_to_first": same, "incomplete": verdicts.count("incomplete"),
-            "incomparable": verdicts.count("incomparable"), "rate": same / comparable if comparable else None}
+            "incomparable": verdicts.count("incomparable"), "rate": same / comparable if comparable else None,
+            "first_divergent_step": min(parted) if parted else None}
 
 
 def step_times(run: RunData, warmup: int) -> list[float]:

@@ -14,7 +14,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
 from detlab.core.configs import TorchFlags
@@ -178,11 +187,43 @@ class TensorInfo(Wire):
     dtype: Annotated[str, Field(min_length=1, max_length=32)]
 
 
+class Placement(Wire):
+    """A DTensor as one rank holds it (FSDP2, tensor parallel): the device mesh's shape, one placement per mesh
+    dimension as torch prints it (`Shard(dim=0)`, `Replicate()`, `Partial(sum)`), this rank's coordinate on the
+    mesh, the global shape, and where the local shard starts in it (None where torch cannot say)."""
+
+    mesh_shape: list[WorldSize] = Field(min_length=1, max_length=8)
+    placements: list[Str64] = Field(min_length=1, max_length=8)
+    coordinate: list[Index] = Field(max_length=8)
+    global_shape: list[Bytes] = Field(max_length=32)
+    offset: list[Bytes] | None = Field(default=None, max_length=32)
+
+
+class TensorLayout(Wire):
+    """How one recorded tensor lies over the ranks: its DTensor placement (None: a plain tensor) and the lowest
+    rank of the ranks that must hold a bit-equal copy of it (None: no rank need: sharded, or not known)."""
+
+    index: Index
+    placement: Placement | None = None
+    replica_of: Rank | None = None
+
+
 class TensorsRecord(Wire):
-    """Rank 0's parameter list: the order of the digests in every `step` record."""
+    """A rank's tensor list: the order of the digests in its `step` records (the built-in ranks write rank 0's,
+    the SDK each rank's own). `layouts` (SDK, optional): the tensors among them that are DTensors or replicas."""
 
     type: Literal["tensors"] = "tensors"
     tensors: list[TensorInfo] = Field(max_length=1 << 16)
+    layouts: list[TensorLayout] = Field(default_factory=list, max_length=1 << 16)
+
+    @model_validator(mode="after")
+    def _layouts_name_tensors(self) -> TensorsRecord:
+        indices = [layout.index for layout in self.layouts]
+        unknown = set(indices) - {t.index for t in self.tensors}
+        if unknown or len(set(indices)) != len(indices):
+            raise ValueError(f"layouts must describe distinct tensors of the list (unknown indices: "
+                             f"{sorted(unknown)[:5]})")
+        return self
 
 
 class StepRecord(Wire):
@@ -271,6 +312,53 @@ class Finish(Wire):
 
 class RunStatus(Wire):
     status: str
+
+
+# ---- recordings: runs of a team's own training, streamed or uploaded by the SDK ------------------------
+
+# A job's tags (the jobs list filters on them, a recording's come from the SDK): at most MAX_TAGS, each
+# a letter or digit then letters, digits and . _ : = + -; repeats dropped.
+TAG_LENGTH = 32
+MAX_TAGS = 16
+TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:=+-]*$"
+Tag = Annotated[str, Field(min_length=1, max_length=TAG_LENGTH, pattern=TAG_PATTERN)]
+
+
+def _unique(tags: list[str]) -> list[str]:
+    return list(dict.fromkeys(tags))
+
+
+Tags = Annotated[list[Tag], Field(max_length=MAX_TAGS, description=(
+    f"at most {MAX_TAGS} tags of 1-{TAG_LENGTH} characters: a letter or digit, then letters, digits and . _ : = + -")),
+    AfterValidator(_unique)]
+# The recording's own id, drawn once by the SDK and kept in run.json: what makes opening it again (another
+# rank, a retry, `detlab upload` of the same directory) land on the same run.
+RecordingId = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class RecordingOpen(Wire):
+    """Open (or find again) the server run of an SDK recording; every rank and every retry sends the same."""
+
+    recording: RecordingId
+    name: str | None = Field(default=None, max_length=64)
+    tags: Tags = Field(default_factory=list)
+    world_size: WorldSize
+    workload: WorkloadName = "sdk"
+
+
+class RecordingOpened(Wire):
+    job_id: int
+    run_id: int
+    attempt: Attempt
+    status: str  # "running" until every rank closed: a finished recording takes no more records
+
+
+class RecordingClose(Wire):
+    """One rank is done; the run finishes when every rank of its world has closed (failed if one failed)."""
+
+    rank: Rank
+    status: Literal["succeeded", "failed"]
+    error: str | None = Field(default=None, max_length=MAX_ERROR_CHARS)
 
 
 class WorkerCapacity(Wire):

@@ -20,6 +20,10 @@ class WorkloadInfo(BaseModel):
     description: StorableText = Field(default="", max_length=500)  # kept in workers.info (json)
     global_batch: int = Field(ge=1, le=1 << 20)
     default_steps: int = Field(ge=1, le=1_000_000)
+    # A team's training script registered on a worker (`detlab worker --scripts FILE`), not a built-in, and
+    # the world sizes it supports (None: any the workers can hold).
+    script: bool = False
+    world_sizes: tuple[int, ...] | None = Field(default=None, max_length=64)
 
 
 BUILTIN: dict[str, WorkloadInfo] = {w.name: w for w in (

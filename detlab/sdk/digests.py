@@ -10,7 +10,7 @@ host. A launch's buffers stay reserved until its result is read, so a later step
 A loop that changes its tensors on *another* stream must make that stream wait for the current one.
 
 CPU tensors, and CUDA tensors where Triton is not available, are hashed synchronously at the call:
-`fingerprint_many` in one call for the list.
+`fingerprint_many` in one call for the list. A DTensor is hashed as its local shard on this rank.
 """
 
 from __future__ import annotations
@@ -75,8 +75,10 @@ class Digester:
 
     def submit(self, tensors: Sequence[torch.Tensor]) -> Pending:
         """Queue the digests of `tensors` (read as they are now); the result may be read from any thread."""
+        from detlab.sdk.tensors import local
         from detlab.worker import fingerprint as fp
 
+        tensors = local(tensors)
         pending = Pending(len(tensors))
         by_device: dict[Any, list[int]] = {}
         for i, t in enumerate(tensors):

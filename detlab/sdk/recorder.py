@@ -1,4 +1,5 @@
-"""`detlab.Recorder`: fingerprints of a training loop's tensors, per step and rank, written to a directory.
+"""`detlab.Recorder`: fingerprints of a training loop's tensors, per step and rank, written to a directory
+and, in online mode, streamed to a detlab server as they are written (detlab.sdk.upload).
 
 It writes what the built-in training ranks write (detlab.worker.ranks.train): per rank an `env` record, a
 `tensors` record and one `step` record per recorded step, so that the same comparison applies. The layout
@@ -12,6 +13,7 @@ import atexit
 import math
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,9 +21,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from pydantic import TypeAdapter, ValidationError
 
-from detlab.core.wire import EnvRecord, StepRecord, TensorInfo, TensorsRecord
-from detlab.sdk import identity, store
+from detlab.core.wire import EnvRecord, RecordingOpen, StepRecord, Tags, TensorInfo, TensorsRecord, explain
+from detlab.sdk import identity, store, upload
 from detlab.sdk import tensors as named_tensors
 from detlab.sdk.digests import Digester, Pending, read_scalar
 from detlab.sdk.spool import Spool
@@ -49,8 +52,16 @@ def _drain_at_exit(ref: weakref.ReferenceType[Recorder]) -> Callable[[], None]:
     return drain
 
 
+# Where online recordings without out= keep their records: DETLAB_SPOOL_DIR, else the user's cache.
+def spool_root() -> Path:
+    return Path(os.environ.get("DETLAB_SPOOL_DIR") or Path.home() / ".cache" / "detlab" / "recordings")
+
+
+_TAGS: TypeAdapter[list[str]] = TypeAdapter(Tags)
+
+
 class Recorder:
-    """Records fp1 fingerprints of a model's tensors at every step, on every rank, into a directory.
+    """Records fingerprints of a model's tensors at every step, on every rank, into a directory.
 
     >>> rec = detlab.Recorder(out="runs/a")
     >>> for step in range(steps):
@@ -61,8 +72,18 @@ class Recorder:
     Each rank (RANK/WORLD_SIZE/LOCAL_RANK from torchrun, or torch.distributed once initialised) writes
     `out/rank<r>.jsonl`; rank 0 writes `out/run.json`. Compare two directories with `detlab compare A B`.
 
+    Online mode: `detlab.Recorder(server="http://host:8000", name=..., tags=[...])` also streams each
+    rank's records to that server as they are written (token: `token=` or DETLAB_TOKEN, with scope
+    ingest). The directory (out=, else DETLAB_SPOOL_DIR or ~/.cache/detlab/recordings/<id>) is the spool:
+    while the server cannot be reached the records wait there and go when it answers again; whatever
+    `close()` could not send in `flush_timeout_s` stays there for `detlab upload DIR --server URL`.
+
+    Run by a detlab worker (a script registered with `detlab worker --scripts FILE`), it records where the
+    worker reads (DETLAB_RUN_DIR) whatever out= and server= say, every DETLAB_EVERY steps, and applies the
+    job's config's torch flags when it is made: make it before the model.
+
     Options:
-      name, tags   stored in run.json.
+      name, tags   stored in run.json (and on the server: tags are 1-32 letters, digits and . _ : = + -).
       every        record steps whose number is a multiple of `every` (`rec.step` is still called at each
                    step; it measures the step time).
       names        which tensors: glob pattern(s) on the recorded names, or a function of the name.
@@ -74,24 +95,44 @@ class Recorder:
     """
 
     def __init__(self, out: str | os.PathLike[str] | None = None, *, server: str | None = None,
-                 name: str | None = None, tags: Sequence[str] = (), every: int = 1,
+                 token: str | None = None, name: str | None = None, tags: Sequence[str] = (), every: int = 1,
                  names: named_tensors.NameFilter = None, grads: bool = False,
                  optimizer: torch.optim.Optimizer | None = None, buffers: bool = False,
-                 overwrite: bool = False) -> None:
-        if server is not None:
-            raise NotImplementedError("detlab.Recorder: online mode (server=) is not available yet; record to a "
-                                      "directory with out=DIR and compare directories with `detlab compare`")
-        if out is None:
-            raise TypeError("detlab.Recorder needs out=DIR, the directory to write the records to")
+                 overwrite: bool = False, flush_timeout_s: float = 60.0) -> None:
+        server = server or None
+        if run_dir := os.environ.get("DETLAB_RUN_DIR"):
+            # Run by a detlab worker as a registered script: it reads the records where it says and streams
+            # them itself, every as many steps as the job asks, under the config's torch flags.
+            out, server = run_dir, None
+            every = int(os.environ.get("DETLAB_EVERY", every))
+            if flags := os.environ.get("DETLAB_TORCH_FLAGS"):
+                from detlab.core.configs import TorchFlags
+                from detlab.worker.ranks.train import apply_torch_flags
+
+                apply_torch_flags(TorchFlags.model_validate_json(flags))
+        if server is not None and not server.startswith(("http://", "https://")):
+            raise ValueError(f"server must be the detlab server's URL, e.g. http://host:8000, got {server!r}")
+        if out is None and server is None:
+            raise TypeError("detlab.Recorder needs out=DIR, the directory to write the records to (or server=URL)")
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"every must be a whole number of steps >= 1, got {every!r}")
         if isinstance(tags, str):
             raise TypeError("tags takes a list of strings, e.g. tags=['ci']")
+        try:
+            _TAGS.validate_python(list(tags))
+        except ValidationError as exc:
+            raise ValueError(f"tags: {explain(exc)}") from None
+        if name is not None and len(name) > 255:
+            raise ValueError("name is at most 255 characters")
+        if server is not None:
+            upload.client(server, token)  # no token: say so now, not at the first step
         import torch  # the SDK's one heavy import, here rather than at `import detlab`
 
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        self.out = Path(out)
+        self.out: Path | None = Path(out) if out is not None else None  # online without out: set at the start
+        self.server, self._token, self._flush_timeout_s = server, token, flush_timeout_s
+        self._streamer: upload.Streamer | None = None
         self.name, self.tags, self.every = name, list(tags), every
         self._keep = named_tensors.name_filter(names)
         self._grads, self._buffers, self._optimizer = grads, buffers, optimizer
@@ -108,7 +149,8 @@ class Recorder:
         self._last_step: int | None = None
         self._last_call: float | None = None
         self._closed = False
-        self.out.mkdir(parents=True, exist_ok=True)
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
         # Records already handed to the writer reach the file even if the script never calls close().
         self._atexit = _drain_at_exit(weakref.ref(self))
         atexit.register(self._atexit)
@@ -243,7 +285,7 @@ class Recorder:
                 raise ValueError("no tensor to record: names= matched none of the model's tensors")
             self._tensors, self._fixed = described, (names, layout)
             infos = [TensorInfo(index=i, name=n, shape=s, dtype=d) for i, (n, s, d) in enumerate(described)]
-            record = TensorsRecord(tensors=infos)
+            record = TensorsRecord(tensors=infos, layouts=named_tensors.layouts(recorded, self._model))
             assert self._spool is not None
             self._spool.put(lambda: record)
             return
@@ -264,6 +306,11 @@ class Recorder:
         from detlab.worker import fingerprint as fp
 
         who = identity.current()
+        recording = (upload.shared_recording_id(who.rank, who.world_size) if self.server
+                     else upload.new_recording_id())
+        if self.out is None:
+            self.out = spool_root() / recording
+            self.out.mkdir(parents=True, exist_ok=True)
         path = store.rank_path(self.out, who.rank)
         try:
             self._spool = Spool(path, overwrite=self._overwrite)
@@ -276,13 +323,16 @@ class Recorder:
                 for rank, stale in store.rank_files(self.out).items():
                     if rank >= who.world_size:
                         stale.unlink(missing_ok=True)
-            self._manifest = store.Manifest(name=self.name, tags=self.tags, world_size=who.world_size,
+            self._manifest = store.Manifest(id=recording, name=self.name, tags=self.tags, world_size=who.world_size,
                                             fp_version=fp.FP_VERSION, every=self.every, started=store.now())
             store.write_manifest(self.out, self._manifest)
         first = next(iter(self._tensors_of(model).parameters()), (None, None))[1]
         device = first.device if first is not None else torch.device("cpu")
         backend = identity.backend()
         self._spool.put(lambda: self._env_record(who, device, backend))
+        if self.server:
+            opening = RecordingOpen(recording=recording, name=self.name, tags=self.tags, world_size=who.world_size)
+            self._streamer = upload.Streamer(self.server, self._token, opening, path, who.rank)
 
     @staticmethod
     def _env_record(who: Identity, device: torch.device, backend: str | None) -> EnvRecord:
@@ -310,5 +360,21 @@ class Recorder:
             self._spool.close()
         finally:
             if self._manifest is not None:
+                assert self.out is not None
                 self._manifest = self._manifest.model_copy(update={"status": status, "finished": store.now()})
                 store.write_manifest(self.out, self._manifest)
+            self._send_rest(status)
+
+    def _send_rest(self, status: Literal["finished", "failed"]) -> None:
+        """Online: give the streamer `flush_timeout_s` to send what is left and close this rank; never raise
+        for the network (the records are safe in the directory), but say what to do."""
+        if self._streamer is None:
+            return
+        closed = self._streamer.finish("succeeded" if status == "finished" else "failed",
+                                       "closed by an exception" if status == "failed" else None,
+                                       self._flush_timeout_s)
+        if not closed:
+            why = self._streamer.problem or f"{self.server} did not take them within {self._flush_timeout_s:g} s"
+            warnings.warn(f"detlab: rank {self.rank}'s records are not all on the server ({why}); they are kept in "
+                          f"{self.out}: send them with `detlab upload {self.out} --server {self.server}`",
+                          RuntimeWarning, stacklevel=3)

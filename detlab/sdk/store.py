@@ -2,8 +2,11 @@
 
     DIR/run.json       the run's manifest (rank 0 writes it): name, tags, world size, fp version, status
     DIR/rank<r>.jsonl  one wire record (detlab.core.wire) per line, written by rank r: its `env` record,
-                       its `tensors` record (index -> name, shape, dtype), then one `step` record per
-                       recorded step, appended and flushed as they come
+                       its `tensors` record (index -> name, shape, dtype; the DTensors' placements and
+                       which ranks hold replicas), then one `step` record per recorded step, appended and
+                       flushed as they come
+
+Each rank's list is its own: a sharded model's ranks hold different shards, compared rank by rank.
 
 `load_run` turns a directory into the comparison's `RunData`.
 """
@@ -19,8 +22,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from detlab.core.shards import DIGEST_BYTES, RankTensor
 from detlab.core.train import RunData, StepData
-from detlab.core.wire import MAX_WORLD_SIZE, RECORD, EnvRecord, StepRecord, TensorsRecord, TrialRecord, explain
+from detlab.core.wire import (
+    MAX_WORLD_SIZE,
+    RECORD,
+    EnvRecord,
+    Placement,
+    StepRecord,
+    TensorsRecord,
+    TrialRecord,
+    explain,
+)
 
 MANIFEST = "run.json"
 RANK_FILE = re.compile(r"^rank(0|[1-9][0-9]*)\.jsonl$")
@@ -38,6 +51,9 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["detlab-records/1"] = "detlab-records/1"
+    # The recording's id (run.json of recordings made before ids were written lacks it): a server stores the
+    # recording under it, so streaming it and uploading it (twice, even) land on one run.
+    id: str | None = Field(default=None, min_length=8, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     name: str | None = Field(default=None, max_length=255)
     tags: list[str] = Field(default_factory=list, max_length=64)
     world_size: int = Field(ge=1, le=MAX_WORLD_SIZE)
@@ -115,6 +131,27 @@ def read_records(path: Path) -> Iterator[Line]:
             raise RecordsError(f"{path}:{number}: not a detlab record: {explain(exc)}") from None
 
 
+def placement_text(placement: Placement) -> str:
+    """A DTensor's layout in one line, as the comparison shows it: `Shard(dim=0) on mesh [2] at [1], offset
+    [8, 0] of [15, 8]`."""
+    text = f"{', '.join(placement.placements)} on mesh {placement.mesh_shape} at {placement.coordinate}"
+    if placement.offset is not None:
+        text += f", offset {placement.offset}"
+    return f"{text} of {placement.global_shape}"
+
+
+def rank_tensors(rec: TensorsRecord) -> list[RankTensor]:
+    """One rank's tensors record as the comparison reads it: name, local shape, dtype, placement, replicas."""
+    layouts = {layout.index: layout for layout in rec.layouts}
+    out = []
+    for t in rec.tensors:
+        layout = layouts.get(t.index)
+        placement = layout.placement if layout is not None else None
+        out.append(RankTensor(t.name, list(t.shape), t.dtype, placement_text(placement) if placement else "",
+                              layout.replica_of if layout is not None else None))
+    return out
+
+
 def load_run(out: Path, run_id: int = 1) -> RunData:
     """A record directory as the comparison's RunData (run `run_id` in the verdict's messages)."""
     manifest = read_manifest(out)
@@ -123,13 +160,13 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
     if outside:
         raise RecordsError(f"{out}: rank file(s) {outside} lie outside the run's world size "
                            f"{manifest.world_size}; the directory mixes recordings: record into a fresh one")
-    tensors: dict[int, list[tuple[str, list[int], str]]] = {}
+    tensors: dict[int, list[RankTensor]] = {}
     records: dict[tuple[int, int], StepData] = {}
     versions: set[str] = set()
     for rank, path in sorted(files.items()):
         for rec in read_records(path):
             if isinstance(rec, TensorsRecord):
-                tensors[rank] = [(t.name, list(t.shape), t.dtype) for t in rec.tensors]
+                tensors[rank] = rank_tensors(rec)
             elif isinstance(rec, StepRecord):
                 if rec.rank != rank:
                     raise RecordsError(f"{path}: holds a step record of rank {rec.rank}; each rank writes its own file")
@@ -139,15 +176,15 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
                 records[(rec.step, rank)] = StepData(digests=bytes.fromhex(rec.digests), loss=rec.loss,
                                                      step_time_s=rec.step_time_s, model_digest=rec.model_digest)
                 versions.add(rec.fp_version)
-    distinct = {tuple((n, tuple(s), d) for n, s, d in v) for v in tensors.values()}
-    if len(distinct) > 1:
-        raise RecordsError(f"{out}: ranks {sorted(tensors)} recorded {len(distinct)} different tensor lists; "
-                           "only replicated (DDP-style) models compare rank by rank today")
-    for step_rank in records:
-        if step_rank[1] not in tensors:
-            raise RecordsError(f"{rank_path(out, step_rank[1])}: has step records but no tensors record")
+    for (step, rank), data in records.items():
+        if rank not in tensors:
+            raise RecordsError(f"{rank_path(out, rank)}: has step records but no tensors record")
+        if data.digests is not None and len(data.digests) != DIGEST_BYTES * len(tensors[rank]):
+            raise RecordsError(f"{rank_path(out, rank)}: step {step} holds {len(data.digests) // DIGEST_BYTES} "
+                               f"digests for {len(tensors[rank])} tensors; the file is damaged or mixes recordings: "
+                               "record into a fresh one")
     status = {"finished": "succeeded", "failed": "failed (closed by an exception)",
               "running": "did not close (crashed, still running, or rec.close() was not called)"}[manifest.status]
     return RunData(run_id=run_id, workload=WORKLOAD, world_size=manifest.world_size,
-                   tensors=next(iter(tensors.values()), []), records=records,
-                   fp_versions=versions or {manifest.fp_version}, status=status)
+                   tensors=[(t.name, t.shape, t.dtype) for t in tensors[min(tensors)]] if tensors else [],
+                   records=records, fp_versions=versions or {manifest.fp_version}, status=status, rank_tensors=tensors)

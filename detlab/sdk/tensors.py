@@ -4,14 +4,21 @@ Names are the model's own (`fc1.weight`), taken from the model inside DDP, DataP
 torch.compile wrappers so that a wrapped and an unwrapped run compare. Buffers keep their names
 (`bn.running_mean`); a parameter's gradient is `<parameter>.grad` and its optimizer state
 `<parameter>.<state key>` (`fc1.weight.exp_avg`), as torch spells them.
+
+A DTensor (FSDP2, tensor parallel) is recorded as this rank's local shard, with its placement; the
+tensors that ranks hold as replicas (a DDP model's parameters, their gradients and optimizer state; a
+DTensor's Replicate() mesh dimensions) are marked, for the check that the replicas agree.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import operator
+import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from detlab.core.wire import Placement, TensorLayout
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +52,77 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
+def dtensor_type() -> type | None:
+    """torch's DTensor class once torch.distributed.tensor is imported (no DTensor exists before); else None."""
+    return getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+
+
+def local(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """What is hashed of each tensor: a DTensor's local shard on this rank, any other tensor itself."""
+    import torch
+
+    dtensor = dtensor_type()
+    if dtensor is None:
+        return list(tensors)
+    with torch.no_grad():  # to_local() without autograd is the shard itself, not a copy
+        return [cast(Any, t).to_local() if isinstance(t, dtensor) else t for t in tensors]
+
+
+def ddp_ranks(model: torch.nn.Module) -> list[int] | None:
+    """The ranks of the process group of the DDP wrapper around `model` (they hold replicas of its
+    parameters), or None when there is no DDP wrapper."""
+    import torch
+    import torch.distributed as dist
+
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return sorted(dist.get_process_group_ranks(model.process_group))
+        if isinstance(model, torch.nn.DataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return None
+
+
+def dtensor_layout(t: Any) -> tuple[Placement, int | None]:
+    """A DTensor's placement on this rank, and the lowest rank holding a bit-equal copy of its local tensor
+    (the ranks that differ from this one only along Replicate() mesh dimensions; None when no other does)."""
+    mesh, placements = t.device_mesh, list(t.placements)
+    coordinate = mesh.get_coordinate()
+    try:  # torch's own arithmetic for where a shard starts (private; the placement stands without it)
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        offset: list[int] | None = list(compute_local_shape_and_global_offset(t.shape, mesh, t.placements)[1])
+    except Exception:
+        offset = None
+    replica_of = None
+    if coordinate is not None:
+        at = tuple(slice(None) if p.is_replicate() else c for p, c in zip(placements, coordinate, strict=True))
+        group = mesh.mesh[at].flatten().tolist()
+        replica_of = min(group) if len(group) > 1 else None
+    placement = Placement(mesh_shape=list(mesh.shape), placements=[repr(p)[:64] for p in placements],
+                          coordinate=list(coordinate or []), global_shape=list(t.shape), offset=offset)
+    return placement, replica_of
+
+
+def layouts(named: Named, model: ModelTensors | None) -> list[TensorLayout]:
+    """The DTensors and replicas among the recorded tensors, by index (the tensors record's `layouts`). Under
+    DDP a parameter, its gradient and its optimizer state are replicas; buffers are not (BatchNorm updates
+    its running statistics from each rank's own batch)."""
+    dtensor = dtensor_type()
+    ddp = model.replicas if model is not None else None
+    params = {n for n, _ in model.parameters()} if ddp is not None and model is not None else set()
+    out = []
+    for i, (n, t) in enumerate(named):
+        if dtensor is not None and isinstance(t, dtensor):
+            placement, replica_of = dtensor_layout(t)
+            out.append(TensorLayout(index=i, placement=placement, replica_of=replica_of))
+        elif ddp is not None and (n in params or n.rpartition(".")[0] in params):
+            out.append(TensorLayout(index=i, replica_of=ddp))
+    return out
+
+
 class ModelTensors:
     """One model's parameters and buffers by name. The module tree is walked once; each later call checks
     in a few microseconds per hundred tensors that no module, parameter or buffer was added, removed or
@@ -53,6 +131,8 @@ class ModelTensors:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self._inner = unwrap(model)
+        ranks = ddp_ranks(model)
+        self.replicas = min(ranks) if ranks else None  # under DDP: the lowest rank of its process group
         self._dicts: list[dict[str, Any]] = []  # every module's parameters, buffers and children
         self._held: list[object] = []
         self._params: Named = []
@@ -108,10 +188,16 @@ class ModelTensors:
 
 
 def layout(named: Named) -> list[tuple[object, object]]:
-    """Shape and dtype per tensor: what must stay as the first recorded step described it."""
-    return [(t.shape, t.dtype) for _, t in named]
+    """Shape and dtype per tensor: what must stay as the first recorded step described it. A DTensor's shape
+    is the global one: its placements stand beside it (a resharded tensor is another tensor)."""
+    dtensor = dtensor_type()
+    if dtensor is None:
+        return [(t.shape, t.dtype) for _, t in named]
+    return [((t.shape, cast(Any, t).placements) if isinstance(t, dtensor) else t.shape, t.dtype) for _, t in named]
 
 
 def describe(named: Named) -> list[tuple[str, list[int], str]]:
-    """(name, shape, dtype) per tensor, as the tensors record and the comparison hold them."""
-    return [(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named]
+    """(name, shape, dtype) per tensor, as the tensors record and the comparison hold them: a DTensor's
+    shape is its local shard's."""
+    shards = local([t for _, t in named])
+    return [(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for (n, _), t in zip(named, shards, strict=True)]

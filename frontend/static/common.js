@@ -114,8 +114,110 @@ window.detlab = (() => {
     });
   }
 
+  // A list row's configs ("default @W2", "four @W4"), labelled as the job page does: @W<n> when they differ.
+  function summaryConfigNames(job) {
+    const names = job.config_names || [];
+    const sizes = job.world_sizes || [];
+    const differ = new Set(sizes).size > 1;
+    return names.map((name, i) => (differ && sizes[i] !== undefined ? `${name} @W${sizes[i]}` : name));
+  }
+
+  // A list row's verdict: every kind has one once compared; an unfinished job's is pending.
+  function listVerdict(job) {
+    const pending = job.status === "queued" || job.status === "running";
+    return badge(job.verdict, pending ? "pending" : "—");
+  }
+
+  // Tags as chips; `onPick(tag)` makes each one a button (the jobs list filters on it).
+  function tagChips(tags, onPick) {
+    return el("span", { className: "tags" }, ...(tags || []).map((tag) => {
+      if (!onPick) return el("span", { className: "tag", text: tag });
+      const chip = el("button", { type: "button", className: "tag", text: tag, title: `only jobs tagged ${tag}` });
+      chip.addEventListener("click", () => onPick(tag));
+      return chip;
+    }));
+  }
+
+  // "h200, nccl-2.28 paper" -> ["h200", "nccl-2.28", "paper"]: commas or spaces separate tags.
+  const parseTags = (text) => [...new Set(String(text || "").split(/[\s,]+/).filter(Boolean))];
+
+  // FastAPI sends detail as a string, or as a list of {loc, msg}; "body" in loc is noise to a user.
+  function formatDetail(detail) {
+    if (typeof detail === "string") return [detail];
+    if (Array.isArray(detail)) {
+      return detail.map((item) => {
+        if (item && typeof item === "object") {
+          const loc = (item.loc || []).filter((part) => part !== "body" && part !== "query").join(".");
+          return loc ? `${loc}: ${item.msg}` : String(item.msg);
+        }
+        return String(item);
+      });
+    }
+    if (detail && typeof detail === "object") return [JSON.stringify(detail)];
+    return ["The server rejected the request."];
+  }
+
+  // A request with a JSON body (POST, PATCH): {ok, status, body, lines}, `lines` saying what was wrong.
+  async function sendJSON(method, url, payload) {
+    const response = await fetch(url, {
+      method,
+      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      body: payload === undefined ? undefined : JSON.stringify(payload),
+    });
+    let body = null;
+    try {
+      body = await response.json();
+    } catch (_) {
+      body = null;
+    }
+    const lines = response.ok ? [] : body && body.detail !== undefined
+      ? formatDetail(body.detail) : [`The server answered HTTP ${response.status}.`];
+    return { ok: response.ok, status: response.status, body, lines };
+  }
+
+  // ---- the navigation every page shares --------------------------------------------------------
+
+  const NAV = [["/jobs", "jobs"], ["/", "new job"], ["/compare", "compare runs"], ["/findings", "findings"]];
+
+  function isCurrent(href) {
+    const path = window.location.pathname.replace(/\/+$/, "") || "/";
+    return href === "/" ? path === "/" : path === href || path.startsWith(`${href}/`);
+  }
+
+  // Filled into each page's <nav id="site-nav">: one list of pages, the one shown marked.
+  function renderNav() {
+    const nav = $("site-nav");
+    if (!nav) return;
+    nav.replaceChildren(...NAV.map(([href, text]) => {
+      const link = el("a", { className: "navlink", href, text });
+      if (isCurrent(href)) link.setAttribute("aria-current", "page");
+      return link;
+    }));
+  }
+  renderNav();
+
   return {
-    API, $, HttpError, el, getJSON, setRows, sleep, meta,
+    API, $, HttpError, el, getJSON, sendJSON, formatDetail, setRows, sleep, meta,
     humanBytes, pct, formatTime, configLabel, worldSizes, jobConfigName, jobConfigLabel, badge, reproBadge,
+    summaryConfigNames, listVerdict, tagChips, parseTags,
   };
+})();
+
+// Auth mode `local`: the signed-in user and a logout button in every page's top bar.
+(async () => {
+  "use strict";
+  const { API, el, getJSON } = window.detlab;
+  let me;
+  try {
+    me = await getJSON(`${API}/auth/me`);
+  } catch (_) {
+    return;
+  }
+  if (me.auth_mode !== "local" || !me.name) return;
+  const button = el("button", { id: "logout", type: "button", className: "logout" }, "Log out");
+  button.addEventListener("click", async () => {
+    await fetch(`${API}/auth/logout`, { method: "POST" });
+    window.location.assign("/login");
+  });
+  document.querySelector(".topbar .container")?.append(el("span", { id: "whoami", className: "whoami", text: me.name }), button);
 })();

@@ -1,35 +1,115 @@
-// Findings page: the team's history of configs vs reproducibility and bandwidth (GET /api/v1/findings).
+// Findings page: the team's history as a config × stack matrix (GET /api/v1/findings/matrix), filtered by
+// what was measured and when; a cell's measurements with links to their jobs (GET /api/v1/findings/history).
+// All data goes into the page through textContent (never innerHTML).
 (() => {
   "use strict";
-  const { API, $, el, getJSON, setRows, humanBytes, reproBadge } = window.detlab;
-  const COLUMNS = 11;
+  const { API, $, el, getJSON, setRows, pct, formatTime } = window.detlab;
 
-  function row(g) {
-    return el("tr", { title: Object.entries(g.env).map(([k, v]) => `${k}=${v}`).join(" ") || "library defaults" },
-      el("td", { text: g.hardware }), el("td", { text: g.library }), el("td", { text: g.config }),
-      el("td", { text: g.op }), el("td", { text: g.dtype }),
-      el("td", {}, reproBadge(g.reproducible === g.cells)),
-      el("td", { className: "num", text: `${g.reproducible}/${g.cells}` }),
-      el("td", { className: "num", text: g.min_runs }),
-      el("td", { className: "num", text: g.busbw_gbps_at_largest === null ? "—" : g.busbw_gbps_at_largest.toFixed(1) }),
-      el("td", { className: "num", text: humanBytes(g.largest_bytes) }),
-      el("td", { text: g.sources.join(", ") }));
+  const TREND = "▁▂▃▄▅▆▇█";
+
+  function optionLabel(o) {
+    return o.kind === "train" ? `train · ${o.workload}` : `${o.op} · ${o.dtype}`;
   }
 
-  function render(groups) {
-    const needle = $("filter").value.trim().toLowerCase();
-    const shown = groups.filter((g) => !needle ||
-      [g.hardware, g.library, g.config, g.op, g.dtype].join(" ").toLowerCase().includes(needle));
-    const empty = groups.length ? "Nothing matches the filter." : "No findings yet: run a collective or sweep job.";
-    setRows($("findings"), shown.map(row), empty, COLUMNS);
-    $("count").textContent = `${shown.length} of ${groups.length} rows`;
+  function optionValue(o) {
+    return JSON.stringify(o.kind === "train" ? { kind: "train", workload: o.workload }
+      : { kind: o.kind, op: o.op, dtype: o.dtype });
   }
 
-  async function load() {
-    const groups = (await getJSON(`${API}/findings`)).groups;
-    $("filter").addEventListener("input", () => render(groups));
-    render(groups);
+  function scopeParams() {
+    const params = new URLSearchParams();
+    const what = $("what").value;
+    if (what) for (const [k, v] of Object.entries(JSON.parse(what))) params.set(k, v);
+    if ($("since").value) params.set("since", $("since").value);
+    if ($("until").value) params.set("until", $("until").value);
+    return params;
   }
 
-  load();
+  function fillOptions(options, scope) {
+    const select = $("what");
+    // One kind of measurement per matrix: a train workload (or all of them), or a collective op and dtype.
+    const anyTrain = options.some((o) => o.kind === "train") ? [[JSON.stringify({ kind: "train" }), "train · every workload"]] : [];
+    const values = [...anyTrain, ...options.map((o) => [optionValue(o), optionLabel(o)])];
+    select.replaceChildren(...[...new Map(values)].map(([value, label]) => el("option", { value, text: label })));
+    const current = scope.kind === "train" && !scope.workload ? JSON.stringify({ kind: "train" })
+      : scope.kind ? optionValue(scope) : "";
+    if ([...select.options].some((o) => o.value === current)) select.value = current;
+  }
+
+  function trendText(trend) {
+    return trend.map((r) => (r === null ? "·" : TREND[Math.min(TREND.length - 1, Math.floor(r * TREND.length))])).join("");
+  }
+
+  function cellNode(cell, onPick) {
+    const rate = cell.rate;
+    const cls = rate === null ? "cell-none" : rate === 1 ? "cell-ok" : rate === 0 ? "cell-bad" : "cell-mixed";
+    const lines = [
+      el("strong", { text: `${cell.identical}/${cell.comparable}` }),
+      rate === null ? " not measured" : ` ${pct(rate, 0)}`,
+      el("br"),
+      el("span", { className: "muted", text: cell.cost !== null ? cell.cost_text : cell.busbw_gbps !== null
+        ? `${cell.busbw_gbps.toFixed(1)} GB/s` : "" }),
+    ];
+    if (cell.first_divergent_step !== null) lines.push(el("br"), el("span", { text: `parts at step ${cell.first_divergent_step}` }));
+    lines.push(el("br"), el("span", { className: "trend", title: "rate over the period, oldest first", text: trendText(cell.trend) }));
+    lines.push(" ", el("span", { className: "muted", text: `${cell.measurements} ×` }));
+    const td = el("td", { className: `matrix-cell ${cls}`, tabindex: "0", title: `last measured ${formatTime(cell.last_measured_at)}` }, ...lines);
+    td.addEventListener("click", () => onPick(cell));
+    td.addEventListener("keydown", (e) => { if (e.key === "Enter") onPick(cell); });
+    return td;
+  }
+
+  function render(m) {
+    const table = $("matrix");
+    table.tHead.rows[0].replaceChildren(el("th", { text: "Config \\ stack" }), ...m.stacks.map((s) => el("th", { text: s })));
+    const byKey = new Map(m.cells.map((c) => [`${c.config}\u0000${c.stack}`, c]));
+    const rows = m.configs.map((config) => el("tr", {}, el("th", { text: config }),
+      ...m.stacks.map((stack) => {
+        const cell = byKey.get(`${config}\u0000${stack}`);
+        return cell ? cellNode(cell, showHistory) : el("td", { className: "muted", text: "—" });
+      })));
+    setRows(table, rows, "No findings in this scope: run a job, or import result files.", m.stacks.length + 1);
+    $("count").textContent = `${m.configs.length} configs × ${m.stacks.length} stacks, ${m.cells.length} cells`;
+  }
+
+  async function showHistory(cell) {
+    const params = scopeParams();
+    params.set("config", cell.config);
+    params.set("stack", cell.stack);
+    const h = await getJSON(`${API}/findings/history?${params}`);
+    $("history-card").hidden = false;
+    $("history-title").textContent = `${h.config}: ${h.measurements.length} measurements`;
+    $("history-stack").textContent = h.stack;
+    const fmt = (x) => (typeof x === "number" ? x.toFixed(1) : "—");
+    setRows($("history"), h.measurements.map((r) => el("tr", {},
+      el("td", { text: formatTime(r.measured_at) }),
+      el("td", {}, r.job_url ? el("a", { href: r.job_url, text: `job ${r.job_id}` }) : el("span", { text: r.source })),
+      el("td", { text: r.kind === "train" ? r.workload : `${r.op} · ${r.dtype}` }),
+      el("td", { className: "num", text: `${r.identical}/${r.comparable}` }),
+      el("td", { className: "num", text: r.rate === null ? "—" : pct(r.rate, 0) }),
+      el("td", { text: r.cost === null ? "—" : r.cost_text }),
+      el("td", { className: "num", text: r.first_divergent_step ?? "—" }),
+      el("td", { className: "num", text: fmt(r.busbw_gbps) }))), "No measurements.", 8);
+    $("history-card").scrollIntoView({ behavior: "smooth" });
+  }
+
+  async function load(params) {
+    history.replaceState(null, "", `?${params}`);
+    const m = await getJSON(`${API}/findings/matrix?${params}`);
+    fillOptions(m.options, m.scope);
+    render(m);
+  }
+
+  function start() {
+    const query = new URLSearchParams(location.search);
+    const params = new URLSearchParams();
+    for (const key of ["kind", "workload", "op", "dtype", "since", "until"]) if (query.get(key)) params.set(key, query.get(key));
+    $("since").value = params.get("since") || "";
+    $("until").value = params.get("until") || "";
+    const failed = (err) => { $("count").textContent = `Could not load the findings: ${err.message}`; };
+    load(params).catch(failed);
+    $("scope").addEventListener("change", () => load(scopeParams()).catch(failed));
+  }
+
+  start();
 })();

@@ -28,23 +28,10 @@
   let limits = null; // the server's limits on a job, once /api/v1/meta has answered
   const maxSizes = () => (limits ? limits.max_sizes : Infinity);
 
-  const { API, $, el, getJSON, meta, humanBytes, badge, formatTime } = window.detlab;
-
-  // FastAPI sends detail as a string, or as a list of {loc, msg}; "body" in loc is noise to a user.
-  function formatDetail(detail) {
-    if (typeof detail === "string") return [detail];
-    if (Array.isArray(detail)) {
-      return detail.map((item) => {
-        if (item && typeof item === "object") {
-          const loc = (item.loc || []).filter((part) => part !== "body").join(".");
-          return loc ? `${loc}: ${item.msg}` : String(item.msg);
-        }
-        return String(item);
-      });
-    }
-    if (detail && typeof detail === "object") return [JSON.stringify(detail)];
-    return ["The server rejected the request."];
-  }
+  const { API, $, el, getJSON, meta, humanBytes, badge, formatTime, formatDetail, listVerdict, summaryConfigNames,
+    tagChips, parseTags } = window.detlab;
+  // What a rerun carries that the form does not show (queue, fingerprint interval, an injected bit flip).
+  let carried = {};
 
   function showError(lines) {
     const box = $("error");
@@ -83,7 +70,17 @@
     }
   }
 
+  // A config's own world size, when given, overrides the job's for that config's runs ("preset @W4").
   function configFor(side) {
+    const config = configBody(side);
+    const label = side.toUpperCase();
+    if ($(`world-${side}`).value.trim() !== "") {
+      config.world_size = intValue(`world-${side}`, `Config ${label} world size`, limits?.max_world_size);
+    }
+    return config;
+  }
+
+  function configBody(side) {
     const label = side.toUpperCase();
     if (!$(`edit-${side}`).checked) return { preset: $(`preset-${side}`).value };
     let parsed;
@@ -243,7 +240,24 @@
     updateCellCount();
   }
 
+  function tagsValue() {
+    const tags = parseTags($("tags").value);
+    const max = limits ? limits.max_tags : Infinity;
+    if (tags.length > max) throw new Error(`At most ${max} tags (got ${tags.length}).`);
+    const pattern = limits ? new RegExp(limits.tag_pattern) : /./;
+    const bad = tags.filter((t) => !pattern.test(t) || t.length > (limits ? limits.max_tag_length : Infinity));
+    if (bad.length) {
+      throw new Error(`Tag ${JSON.stringify(bad[0])}: a letter or digit, then letters, digits and . _ : = + -, `
+        + `at most ${limits.max_tag_length} characters.`);
+    }
+    return tags;
+  }
+
   function buildPayload() {
+    return { ...carried, ...formPayload(), tags: tagsValue() };
+  }
+
+  function formPayload() {
     const kind = $("kind").value;
     const common = {
       world_size: intValue("world-size", "World size", limits?.max_world_size),
@@ -280,24 +294,11 @@
     button.disabled = true;
     $("submit-status").textContent = "Submitting…";
     try {
-      const response = await fetch(`${API}/jobs`, {
-        method: "POST",
-        headers: { "Content-Type": "application/json", Accept: "application/json" },
-        body: JSON.stringify(payload),
-      });
-      let body = null;
-      try {
-        body = await response.json();
-      } catch (_) {
-        body = null;
-      }
-      if (response.status === 201 || (response.ok && body && body.id !== undefined)) {
+      const { ok, body, lines } = await window.detlab.sendJSON("POST", `${API}/jobs`, payload);
+      if (ok && body && body.id !== undefined) {
         window.location.assign(`/jobs/${encodeURIComponent(body.id)}`);
         return;
       }
-      const lines = body && body.detail !== undefined
-        ? formatDetail(body.detail)
-        : [`The server answered HTTP ${response.status}.`];
       showError(lines);
     } catch (err) {
       showError([`Could not reach the server: ${err.message}`]);
@@ -310,7 +311,7 @@
   // ---- recent jobs -----------------------------------------------------------------------------
 
   function configNames(job) {
-    const names = job.config_names || [];
+    const names = summaryConfigNames(job);
     if (names.length > 3) return `${names.length} configs (${names[0]}, ${names[1]}, …)`;
     return names.join(" vs ");
   }
@@ -319,18 +320,19 @@
     const href = `/jobs/${encodeURIComponent(job.id)}`;
     const names = configNames(job);
     const train = (job.kind || "train") === "train";
+    const tags = (job.tags || []).length ? [" ", tagChips(job.tags)] : [];
     return el(
       "tr",
       {},
       el("td", {}, el("a", { href, text: `#${job.id}` })),
       el("td", { text: job.kind || "" }),
       el("td", { text: job.workload || "" }),
-      el("td", {}, el("a", { href, text: names || "—" })),
+      el("td", {}, el("a", { href, text: names || "—" }), ...tags),
       el("td", { className: "num", text: job.world_size ?? "" }),
       el("td", { className: "num", text: train ? job.steps ?? "" : "" }),
       el("td", { className: "num", text: job.repeats ?? "" }),
       el("td", {}, badge(job.status)),
-      el("td", {}, badge(job.verdict, ["failed", "cancelled"].includes(job.status) || !train ? "—" : "pending")),
+      el("td", {}, listVerdict(job)),
       el("td", { className: "muted", text: formatTime(job.created_at) })
     );
   }
@@ -351,6 +353,85 @@
         el("tr", { className: "empty" }, el("td", { colspan: "10", text: `Could not load jobs: ${err.message}` }))
       );
     }
+  }
+
+  // ---- rerun: the form filled in from a job ---------------------------------------------------
+
+  // JSON with sorted keys: a config equals a preset's whatever order its keys come in.
+  function canonical(value) {
+    if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
+    if (value && typeof value === "object") {
+      return `{${Object.keys(value).sort().map((k) => `${JSON.stringify(k)}:${canonical(value[k])}`).join(",")}}`;
+    }
+    return JSON.stringify(value ?? null);
+  }
+
+  const withoutWorld = (body) => ({ ...body, world_size: null });
+
+  // A config from a job: its preset when it is one unchanged, else its JSON to edit; its own world size apart.
+  function setConfig(side, body) {
+    $(`world-${side}`).value = body.world_size ?? "";
+    const preset = presets.get(body.name);
+    const select = $(`preset-${side}`);
+    const area = $(`config-${side}`);
+    if (preset && canonical(withoutWorld(preset.config)) === canonical(withoutWorld(body))) {
+      select.value = preset.name;
+      $(`edit-${side}`).checked = false;
+    } else {
+      // JSON without a preset key starts from the default preset on the server: say so.
+      select.value = preset ? preset.name : presets.has("default") ? "default" : select.value;
+      const { world_size: _world, ...rest } = body;
+      area.value = JSON.stringify(rest, null, 2);
+      area.dataset.preset = select.value;
+      $(`edit-${side}`).checked = true;
+    }
+    syncPanel(side, false);
+  }
+
+  function setCollective(params) {
+    for (const [box, values] of [["op-checks", params.ops], ["dtype-checks", params.dtypes]]) {
+      if (!values) continue;
+      for (const input of $(box).querySelectorAll("input[type=checkbox]")) input.checked = values.includes(input.value);
+    }
+    const fields = { "min-bytes": params.min_bytes, "max-bytes": params.max_bytes, "step-factor": params.step_factor,
+      trials: params.trials, warmup: params.warmup };
+    for (const [id, value] of Object.entries(fields)) if (value !== undefined) $(id).value = value;
+  }
+
+  async function prefill(jobId) {
+    let spec;
+    try {
+      spec = await getJSON(`${API}/jobs/${encodeURIComponent(jobId)}/spec`);
+    } catch (err) {
+      showError([`Could not load job #${jobId} to run it again: ${err.message}`]);
+      return;
+    }
+    $("kind").value = spec.kind;
+    if (spec.workload && workloads.has(spec.workload)) {
+      $("workload").value = spec.workload;
+      $("workload").dispatchEvent(new Event("change"));
+    }
+    $("world-size").value = spec.world_size;
+    $("repeats").value = spec.repeats;
+    if (spec.steps) $("steps").value = spec.steps;
+    $("tags").value = (spec.tags || []).join(", ");
+    if (spec.collective) setCollective(spec.collective);
+    if (spec.sweep) $("knobs").value = JSON.stringify(spec.sweep.knobs);
+    spec.configs.slice(0, 2).forEach((body, i) => setConfig(i === 0 ? "a" : "b", body));
+    carried = {};
+    for (const key of ["queue", "fingerprint_interval", "inject_bitflip"]) {
+      if (spec[key] !== undefined && spec[key] !== null) carried[key] = spec[key];
+    }
+    const notes = [`Filled in from job #${jobId}: change anything, then submit it as a new job.`];
+    if (spec.queue && spec.queue !== "default") notes.push(`It goes to queue ${spec.queue}, as the job did.`);
+    if (spec.inject_bitflip) notes.push("It injects the same bit flip.");
+    if (spec.configs.length > 2) notes.push(`The job had ${spec.configs.length} configs; this form sends the first two.`);
+    if (spec.sweep && spec.sweep.over !== "collective") notes.push("The job swept training runs; this form sweeps collectives.");
+    const note = $("rerun-note");
+    note.textContent = notes.join(" ");
+    note.hidden = false;
+    syncKind();
+    updateSizesHint();
   }
 
   // ---- start -----------------------------------------------------------------------------------
@@ -385,11 +466,15 @@
     for (const p of presetList) presets.set(p.name, p);
 
     const workloadSelect = $("workload");
-    workloadSelect.replaceChildren(...workloadList.map((w) => el("option", { value: w.name, text: w.name })));
+    // A team's registered scripts (workers' --scripts) are listed with the built-ins, marked; only the name is sent.
+    workloadSelect.replaceChildren(...workloadList.map((w) => el("option", { value: w.name,
+      text: w.script ? `${w.name} (script)` : w.name })));
     const onWorkload = () => {
       const w = workloads.get(workloadSelect.value);
       if (!w) return;
-      const batch = w.global_batch ? ` Global batch ${w.global_batch}, split across ranks.` : "";
+      const batch = w.script
+        ? ` A registered script${w.world_sizes ? `, world sizes ${w.world_sizes.join(", ")}` : ""}.`
+        : w.global_batch ? ` Global batch ${w.global_batch}, split across ranks.` : "";
       $("workload-description").textContent = `${w.description || ""}${batch}`;
       if (w.default_steps) $("steps").value = w.default_steps;
     };
@@ -404,6 +489,9 @@
       $(`edit-${side}`).addEventListener("change", () => syncPanel(side, false));
       syncPanel(side, false);
     }
+
+    const rerun = new URLSearchParams(window.location.search).get("rerun");
+    if (rerun && /^\d+$/.test(rerun)) await prefill(rerun);
   }
 
   init();

@@ -15,7 +15,8 @@
   const CANCELLABLE = new Set(["queued", "running"]);
   const PLOTLY_CONFIG = { responsive: true, displaylogo: false };
 
-  const { API, $, el, getJSON, setRows, sleep, pct, badge, formatTime, worldSizes, jobConfigLabel } = window.detlab;
+  const { API, $, el, getJSON, sendJSON, parseTags, setRows, sleep, pct, badge, formatTime, worldSizes, jobConfigLabel } =
+    window.detlab;
   const kinds = new Map(); // job kind -> its view: {runsHead, describe(job), load(job), running?(job)}
   let runsFolded = false; // fold a long runs list once, then leave it to the user
   let shown = null; // the job as last rendered (the Cancel button acts on it)
@@ -84,6 +85,9 @@
     $("job-title").textContent = `Job #${job.id} · ${job.kind}`;
     $("job-status").replaceChildren(badge(job.status));
     $("cancel-job").hidden = !CANCELLABLE.has(job.status);
+    $("rerun-job").href = `/?rerun=${encodeURIComponent(job.id)}`;
+    $("rerun-job").hidden = false;
+    renderTags(job.tags || []);
     // No live worker on the job's queue: it waits, and the page says so rather than a silent "queued".
     $("queue-note").textContent = job.queue_note ? `Waiting: ${job.queue_note}.` : "";
     $("queue-note").hidden = !job.queue_note;
@@ -125,6 +129,48 @@
     runsFolded = true;
     // The last lines of a traceback say what went wrong; show them first.
     for (const pre of $("runs").querySelectorAll("pre.error-tail")) pre.scrollTop = pre.scrollHeight;
+  }
+
+  // ---- tags ----------------------------------------------------------------------------------
+
+  // Each tag links to the jobs that carry it.
+  function renderTags(tags) {
+    $("job-tags").replaceChildren(...(tags.length ? tags.map((tag) =>
+      el("a", { className: "tag", href: `/jobs?tag=${encodeURIComponent(tag)}`, text: tag }))
+      : [el("span", { className: "muted small", text: "none" })]));
+  }
+
+  function showTagsError(lines) {
+    $("tags-error").textContent = lines.join(" ");
+    $("tags-error").hidden = lines.length === 0;
+  }
+
+  function editTags(on) {
+    $("tags-form").hidden = !on;
+    $("edit-tags").hidden = on;
+    $("job-tags").hidden = on;
+    showTagsError([]);
+    if (on) {
+      $("tags-input").value = (shown?.tags || []).join(", ");
+      $("tags-input").focus();
+    }
+  }
+
+  async function saveTags(event) {
+    event.preventDefault();
+    if (!shown) return;
+    try {
+      const { ok, body, lines } = await sendJSON("PATCH", `${API}/jobs/${shown.id}`, { tags: parseTags($("tags-input").value) });
+      if (!ok) {
+        showTagsError(lines);
+        return;
+      }
+      shown = { ...shown, tags: body.tags };
+      renderTags(body.tags);
+      editTags(false);
+    } catch (err) {
+      showTagsError([`Could not save the tags: ${err.message}`]);
+    }
   }
 
   // ---- cancel --------------------------------------------------------------------------------
@@ -181,6 +227,9 @@
 
   function start() {
     $("cancel-job").addEventListener("click", cancelJob);
+    $("edit-tags").addEventListener("click", () => editTags(true));
+    $("tags-cancel").addEventListener("click", () => editTags(false));
+    $("tags-form").addEventListener("submit", saveTags);
     const match = window.location.pathname.match(/\/jobs\/(\d+)\/?$/);
     if (match) {
       poll(match[1]);

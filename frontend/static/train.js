@@ -197,7 +197,27 @@
     }
   }
 
-  async function drawChart(jobId) {
+  // A long run's per-step series come thinned (cmp.downsampled); zooming in fetches that step window in
+  // full (?from_step=&to_step=), a double click (autorange) the whole run again.
+  function zoomInFull(target, jobId) {
+    target.on("plotly_relayout", async (e) => {
+      const lo = e["xaxis.range[0]"];
+      const hi = e["xaxis.range[1]"];
+      let url = `${API}/jobs/${jobId}/comparison/figure`;
+      if (lo !== undefined && hi !== undefined) {
+        url += `?from_step=${Math.max(0, Math.floor(lo))}&to_step=${Math.max(0, Math.ceil(hi))}`;
+      } else if (!e["xaxis.autorange"]) {
+        return;
+      }
+      try {
+        await plot(target, await getJSON(url));
+      } catch (err) {
+        target.title = `The step window could not be loaded: ${err.message}`;
+      }
+    });
+  }
+
+  async function drawChart(jobId, cmp) {
     const target = $("chart");
     if (!window.Plotly) {
       target.textContent = "The chart cannot be drawn: /static/plotly.min.js did not load.";
@@ -205,8 +225,24 @@
     }
     try {
       await plot(target, await getJSON(`${API}/jobs/${jobId}/comparison/figure`));
+      if (cmp.downsampled && !target.dataset.zoomInFull) {
+        target.dataset.zoomInFull = "1";
+        zoomInFull(target, jobId);
+      }
     } catch (err) {
       target.textContent = `The chart could not be loaded: ${err.message}`;
+    }
+  }
+
+  // Tensor × step: where the runs' digests differ, the differing ranks on hover (diverged pairs only).
+  async function drawDivergenceMap(jobId, cmp) {
+    const target = $("divergence-map");
+    target.hidden = !cmp.divergence_map || !window.Plotly;
+    if (target.hidden) return;
+    try {
+      await plot(target, await getJSON(`${API}/jobs/${jobId}/comparison/divergence/figure`));
+    } catch (err) {
+      target.textContent = `The tensor × step map could not be loaded: ${err.message}`;
     }
   }
 
@@ -236,7 +272,8 @@
     renderMismatches(job, cmp);
     renderThroughput(job, cmp);
     renderReproducibility(job, cmp);
-    if (pairwise) await drawChart(job.id);
+    if (pairwise) await drawChart(job.id, cmp);
+    if (pairwise) await drawDivergenceMap(job.id, cmp);
   }
 
   register(["train"], { runsHead: "Steps", describe, load });

@@ -14,6 +14,9 @@ from detlab.backend.db import get_session, make_engine
 from detlab.backend.models import Base
 from detlab.core.settings import Settings, get_settings
 
+LOCAL_URL = "http://localhost"
+LOCAL_PEER = ("127.0.0.1", 50000)
+
 
 @pytest.fixture
 def engine(db_url: str) -> Iterator[Engine]:
@@ -31,9 +34,10 @@ def session(engine: Engine) -> Iterator[Session]:
 
 @pytest.fixture
 def client(session: Session, settings: Settings) -> Iterator[TestClient]:
-    """The API on this test's database and settings (each module defines `settings`)."""
-    app = create_app(reconciler=False)
+    """The API on this test's database and settings (each module defines `settings`), reached as a browser on
+    this machine would: Host localhost (an allowed host) from 127.0.0.1 (a trusted proxy address)."""
+    app = create_app(reconciler=False, settings=settings)
     app.dependency_overrides[get_session] = lambda: session
     app.dependency_overrides[get_settings] = lambda: settings
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL_URL, client=LOCAL_PEER) as c:
         yield c

@@ -31,6 +31,7 @@ from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import create_job
 from detlab.backend.services.reconcile import reconcile
 from detlab.core.settings import Settings, get_settings
+from tests.backend.conftest import LOCAL_URL
 from tests.conftest import FIXTURES
 
 TOKEN = "t" * 32
@@ -207,7 +208,7 @@ def test_every_ingest_endpoint_declares_its_response_model() -> None:
     from detlab.backend.api import ingest as ingest_api
 
     routes = list(ingest_api.router.routes)
-    assert len(routes) == 5 and all(isinstance(r, APIRoute) and r.response_model is not None for r in routes)
+    assert len(routes) == 7 and all(isinstance(r, APIRoute) and r.response_model is not None for r in routes)
 
 
 def test_a_running_run_cannot_be_claimed_twice(client: TestClient, session: Session, settings: Settings) -> None:
@@ -404,12 +405,12 @@ def test_the_stored_result_survives_an_api_restart(client: TestClient, session: 
         record_steps(client, r)
     before = client.get(f"/api/v1/jobs/{run.job_id}/comparison").json()
     engine = make_engine(db_url)
-    app = create_app(reconciler=False)  # a new process: nothing of the first one's memory
+    app = create_app(reconciler=False, settings=settings)  # a new process: nothing of the first one's memory
     with sessionmaker(engine)() as fresh:
         app.dependency_overrides[get_session] = lambda: fresh
         app.dependency_overrides[get_settings] = lambda: settings
         builds = count_builds(monkeypatch, train_report)
-        with TestClient(app) as restarted:
+        with TestClient(app, base_url=LOCAL_URL) as restarted:
             assert restarted.get(f"/api/v1/jobs/{run.job_id}/comparison").json() == before
             assert restarted.get("/api/v1/jobs").json()["items"][0]["verdict"] == "identical"
     engine.dispose()
@@ -481,7 +482,8 @@ def test_job_read_keeps_its_shape(client: TestClient, session: Session, settings
     record_steps(client, run, steps=1, finish=False)
     job = client.get(f"/api/v1/jobs/{run.job_id}").json()
     assert list(job) == ["id", "kind", "workload", "status", "world_size", "steps", "repeats", "params",
-                         "created_at", "configs", "runs", "progress", "queue", "live_workers", "queue_note"]
+                         "created_at", "configs", "runs", "progress", "queue", "tags", "verdict", "submitter",
+                         "live_workers", "queue_note"]
     assert [list(c) for c in job["configs"]] == [["id", "name", "hash", "body"]] * 2
     assert set(job["runs"][0]) == {"id", "config_index", "repeat", "status", "steps_done", "steps_total", "attempt",
                                    "error", "node", "device", "fingerprint_impl"}
@@ -542,7 +544,8 @@ def test_a_finished_collective_job_is_read_from_its_stored_result(
     assert figures == json.loads(json.dumps(collective_figures.collective_figures(built)))
     assert builds == []
     assert client.get(f"/api/v1/jobs/{job.id}/comparison").status_code == 404
-    assert client.get("/api/v1/jobs").json()["items"][0]["verdict"] is None
+    # The list's verdict of a collective job: every cell gave one digest (the configs differ from each other).
+    assert client.get("/api/v1/jobs").json()["items"][0]["verdict"] == "reproducible"
 
 
 def test_log_diff_lists_the_facts_that_differ(client: TestClient, session: Session, settings: Settings) -> None:

@@ -270,3 +270,24 @@ def test_throughput_bars_carry_world_sizes_when_the_configs_ran_at_different_one
     same = throughput_figure(make_comparison(throughput=[{**rows[0], "world_size": 2}, {**rows[1], "world_size": 2}]))
     assert list(mixed["data"][0]["x"]) == ["A: default @W2", "B: full-deterministic @W4"]
     assert list(same["data"][0]["x"]) == ["A: default", "B: full-deterministic"]
+
+
+def test_divergence_heatmap_colours_differing_cells_by_ranks_and_names_them_on_hover() -> None:
+    from detlab.backend.figures.train import divergence_figure
+
+    found = {"mode": "per-rank", "steps": [2, 7], "tensors": ["fc1.weight", "fc2.bias"], "rank_sets": [[0, 3], [1]],
+             "cells": [[2, 0, 0], [7, 0, 1], [7, 1, 0]], "steps_differing": 9, "tensors_differing": 2,
+             "truncated": True, "note": "2 of 9 differing steps shown"}
+    fig = divergence_figure(make_comparison(divergence_map=found))
+    [heatmap] = fig["data"]
+    assert (heatmap["x"], heatmap["y"]) == (["2", "7"], ["fc1.weight", "fc2.bias"])
+    assert heatmap["z"] == [[2, 1], [None, 2]]  # equal cells stay blank
+    assert heatmap["text"] == [["ranks 0, 3", "rank 1"], ["", "ranks 0, 3"]]
+    assert "2 of 9 differing steps shown" in fig["layout"]["title"]["text"]
+    json.dumps(fig)
+
+
+def test_divergence_heatmap_of_a_result_without_a_map_is_empty() -> None:
+    from detlab.backend.figures.train import divergence_figure
+
+    assert divergence_figure(make_comparison())["data"] == []

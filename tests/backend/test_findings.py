@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import SUCCEEDED, CollectiveTrial, Finding
@@ -99,3 +99,75 @@ def test_a_settled_collective_job_records_its_stored_result_built_once(session: 
     assert len((job.result or {})["cells"]) == 2
     assert session.scalar(select(func.count()).select_from(Finding).where(Finding.source == f"job {job.id}")) == 2
     assert {f.hardware for f in session.scalars(select(Finding))} == {"2 x cpu"}
+
+
+def import_results(pg_url: str, tmp_path: Path, *files: Path) -> subprocess.CompletedProcess[str]:
+    env = {"DETLAB_DATABASE_URL": pg_url, "DETLAB_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "detlab.cli", "import-results", *map(str, files)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def count_cells(pg_url: str, where: str = "true") -> dict[str, int]:
+    engine = create_engine(pg_url)
+    with engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT source, count(*) FROM finding_cells WHERE {where} GROUP BY source")).all()
+    engine.dispose()
+    return {source: n for source, n in rows}
+
+
+def test_import_results_takes_every_result_kind(tmp_path: Path, pg_url: str) -> None:
+    files = [RESULTS / "sweep-4xH200.json", RESULTS / "train-tiny-lm-2xH200.json",
+             ROOT / "results" / "2026-12-01-h200-w1-train" / "scatter.json"]  # a train comparison beside its job
+    out = import_results(pg_url, tmp_path, *files)
+    assert out.returncode == 0, out.stderr
+    assert count_cells(pg_url, "kind = 'train'") == {"2026-11-29-h200-nccl/train-tiny-lm-2xH200.json": 2,
+                                                     "2026-12-01-h200-w1-train/scatter.json": 2}
+    assert count_cells(pg_url, "kind = 'collective'") == {"2026-11-29-h200-nccl/sweep-4xH200.json": 8}
+
+
+def test_import_results_is_all_or_nothing_per_file(tmp_path: Path, pg_url: str) -> None:
+    good = RESULTS / "collective-w1-1xH200.json"
+    data = result_file("sweep-4xH200.json")
+    data["result"]["configs"][-1]["name"] = "x" * 100  # too long for the column: the database refuses its rows
+    broken = tmp_path / "sweep-4xH200.json"
+    broken.write_text(json.dumps(data))
+    assert import_results(pg_url, tmp_path, RESULTS / "sweep-4xH200.json").returncode == 0
+    before = count_cells(pg_url)
+
+    out = import_results(pg_url, tmp_path, good, broken, tmp_path / "missing.json")
+
+    assert out.returncode == 2
+    assert f"{broken}: not a detlab result file, nothing of it imported" in out.stderr
+    assert "2 of 3 file(s) refused" in out.stderr
+    assert str(broken) not in out.stdout and f"{good}: 4 measurements" in out.stdout
+    after = count_cells(pg_url)
+    # The refused file kept nothing, and the earlier import of the file of that name is kept whole.
+    assert after.pop("2026-11-29-h200-nccl/collective-w1-1xH200.json") == 4
+    assert after == before
+
+
+def test_migration_0008_carries_the_history_over_and_back(db_url: str) -> None:
+    from alembic import command
+
+    from detlab.migrations import alembic_config
+
+    config = alembic_config(db_url)
+    command.upgrade(config, "0007")
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        for size, ok in ((4096, True), (65536, False)):
+            conn.execute(text("INSERT INTO findings (source, recorded_at, hardware, library, world_size, config, "
+                              "config_env, op, dtype, bytes, runs, reproducible, busbw_gbps) VALUES ('f.json', "
+                              "'2026-11-29 12:00:00+00:00', '2 x NVIDIA H200', 'NCCL 2.28.9', 2, 'ring', '{}', "
+                              "'all_reduce_sum', 'float32', :size, 3, :ok, :bw)"),
+                         {"size": size, "ok": ok, "bw": size / 1e3})
+    command.upgrade(config, "0008")
+    with engine.connect() as conn:
+        cell = conn.execute(text("SELECT kind, identical, comparable, largest_bytes, busbw_gbps, stack "
+                                 "FROM finding_cells")).one()
+    assert tuple(cell) == ("collective", 1, 2, 65536, 65.536, "2 x NVIDIA H200 · NCCL 2.28.9")
+    command.downgrade(config, "0007")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM findings")).scalar() == 2
+    assert "finding_cells" not in inspect(engine).get_table_names()
+    engine.dispose()

@@ -47,13 +47,15 @@ DERANDOMIZE = os.environ.get("DETLAB_FUZZ_RANDOM", "") != "1"
 @pytest.fixture
 def settings(tmp_path) -> Settings:  # type: ignore[no-untyped-def]
     # Workers stay live for the whole run, so /health answers 200 rather than its documented 503.
-    return Settings(data_dir=tmp_path, ingest_token=TOKEN, run_stale_after_s=3600)
+    # schemathesis calls the app as http://testserver.
+    return Settings(data_dir=tmp_path, ingest_token=TOKEN, run_stale_after_s=3600,
+                    allowed_hosts=["localhost", "testserver"])
 
 
 @pytest.fixture
 def app(engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The app with a session per request (as in production) and no broker: a submit sends nothing."""
-    app = create_app(reconciler=False)
+    app = create_app(reconciler=False, settings=settings)
     factory = sessionmaker(engine, expire_on_commit=False)
 
     def session() -> Iterator[Session]:

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from detlab.backend.models import TAG_LENGTH
+from detlab.backend.schemas import JOB_KINDS, VERDICTS
 from detlab.backend.services.jobs import MAX_SIZES, MAX_SWEEP_CELLS
 from detlab.core.collective import DTYPE_BYTES, DTYPES, OPS
 from detlab.core.settings import Settings
+from detlab.core.wire import MAX_TAGS, TAG_PATTERN
 
 
 @pytest.fixture
@@ -26,4 +29,11 @@ def test_meta_lists_the_cores_ops_and_dtypes_in_its_order(client: TestClient) ->
 def test_meta_limits_are_this_servers_settings(client: TestClient) -> None:
     limits = client.get("/api/v1/meta").json()["limits"]
     assert limits == {"max_world_size": 3, "max_steps": 7, "max_repeats": 5, "max_sweep_cells": MAX_SWEEP_CELLS,
-                      "max_sizes": MAX_SIZES}
+                      "max_sizes": MAX_SIZES, "max_tags": MAX_TAGS, "max_tag_length": TAG_LENGTH,
+                      "tag_pattern": TAG_PATTERN}
+
+
+def test_meta_lists_what_the_jobs_list_filters_on(client: TestClient) -> None:
+    body = client.get("/api/v1/meta").json()
+    assert body["job_statuses"] == ["queued", "running", "succeeded", "failed", "cancelled"]
+    assert (body["job_kinds"], body["verdicts"]) == (list(JOB_KINDS), list(VERDICTS))

@@ -58,3 +58,27 @@ def test_job_results_migrate_up_and_down_keeping_verdicts(db_url: str) -> None:
     assert verdicts == {1: "diverged", 2: "identical"}
     command.upgrade(config, "head")
     engine.dispose()
+
+
+def test_job_tags_migrate_with_verdicts_read_from_results(db_url: str) -> None:
+    config = alembic_config(db_url)
+    command.upgrade(config, "0006")
+    engine = make_engine(db_url)
+    cells = {"cells": [{"reproducible": True}, {"reproducible": False}]}
+    with engine.begin() as conn:
+        _insert_job(conn, id=1, params=json.dumps({}), result=json.dumps({"verdict": "diverged"}))
+        _insert_job(conn, id=2, kind="collective", params=json.dumps({}), result=json.dumps(cells))
+        _insert_job(conn, id=3, params=json.dumps({"verdict": "identical"}))  # settled before 0004
+        _insert_job(conn, id=4, status="running", params=json.dumps({}))
+    command.upgrade(config, "0007")
+    with engine.begin() as conn:
+        rows = conn.execute(text("SELECT id, verdict, tags FROM jobs ORDER BY id")).all()
+        assert [(i, v) for i, v, _ in rows] == [(1, "diverged"), (2, "not-reproducible"), (3, "identical"),
+                                                (4, None)]
+        assert all((json.loads(t) if isinstance(t, str) else t) == [] for _, _, t in rows)
+        conn.execute(text("INSERT INTO job_tags (job_id, tag) VALUES (1, 'h200')"))
+    command.downgrade(config, "0006")
+    assert "job_tags" not in inspect(engine).get_table_names()
+    assert not {"tags", "verdict"} & {c["name"] for c in inspect(engine).get_columns("jobs")}
+    command.upgrade(config, "head")
+    engine.dispose()

@@ -405,7 +405,7 @@ def test_loss_curve_covers_common_steps_only() -> None:
 
 def test_reproducibility_of_no_repeats_has_no_rate() -> None:
     assert reproducibility([]) == {"repeats": 0, "recorded": 0, "comparable": 0, "identical_to_first": 0,
-                                   "incomplete": 0, "incomparable": 0, "rate": None}
+                                   "incomplete": 0, "incomparable": 0, "rate": None, "first_divergent_step": None}
 
 
 def test_reproducibility_of_one_repeat_has_no_rate() -> None:
@@ -428,6 +428,7 @@ def test_reproducibility_half_identical_is_one_half() -> None:
     assert result["rate"] == 0.5
     assert result["identical_to_first"] == 1
     assert result["repeats"] == 3
+    assert result["first_divergent_step"] == 3
 
 
 def test_reproducibility_none_identical_is_zero() -> None:

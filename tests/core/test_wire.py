@@ -90,6 +90,25 @@ def test_records_written_as_models_carry_their_type_tag() -> None:
     assert json.loads(record.model_dump_json())["type"] == "tensors"
 
 
+def test_a_tensors_record_carries_the_placement_of_a_shard_and_the_rank_it_replicates() -> None:
+    shard = {"mesh_shape": [2], "placements": ["Shard(dim=0)"], "coordinate": [1], "global_shape": [15, 8],
+             "offset": [8, 0]}
+    data = {**tensors(), "layouts": [{"index": 0, "placement": shard, "replica_of": None}]}
+    record = RECORD.validate_python(data)
+    assert isinstance(record, TensorsRecord) and record.layouts[0].placement is not None
+    assert record.layouts[0].placement.offset == [8, 0]
+    assert json.loads(record.model_dump_json())["layouts"] == data["layouts"]
+
+
+def test_a_tensors_record_of_an_older_detlab_has_no_layouts() -> None:
+    record = RECORD.validate_python(tensors())
+    assert isinstance(record, TensorsRecord) and record.layouts == []
+
+
+def test_a_layout_of_a_tensor_not_in_the_list_is_refused() -> None:
+    assert "unknown indices: [3]" in refusal({**tensors(), "layouts": [{"index": 3, "replica_of": 0}]})
+
+
 def test_a_run_spec_round_trips_and_becomes_the_ranks_spec() -> None:
     spec = RunSpec.model_validate(run_spec())
     assert RunSpec.model_validate_json(spec.model_dump_json()) == spec

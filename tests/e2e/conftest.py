@@ -8,13 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from detlab.worker.runner import SPOOL_PREFIX
 from tests.conftest import ROOT, free_port
 
 
@@ -65,6 +68,15 @@ class Stack:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
 
+    @property
+    def spool_root(self) -> Path:
+        """Where the stack's workers put their runs' folders (its TMPDIR): this test's, no one else's."""
+        return Path(self.env["TMPDIR"])
+
+    def ranks(self, run_id: int) -> dict[int, int]:
+        """pid -> process group of the processes of this stack's run `run_id` (see rank_processes)."""
+        return rank_processes(run_id, self.spool_root)
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.log_dir.glob("*.log"))
 
@@ -90,6 +102,9 @@ class Stack:
 
 def stack_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DETLAB_")}
+    # Runs' folders go under the test's own temp dir: another test's run 1 (other people's too) is not ours.
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp_path / "tmp")
     env.update({"DETLAB_DATA_DIR": str(tmp_path / "data"), "DETLAB_API_URL": f"http://127.0.0.1:{port}",
                 "DETLAB_INGEST_TOKEN": secrets.token_urlsafe(24), "DETLAB_HEARTBEAT_INTERVAL_S": "0.5",
                 "DETLAB_RECONCILE_INTERVAL_S": "1", "DETLAB_RUN_STALE_AFTER_S": "6", "PYTHONUNBUFFERED": "1",
@@ -98,12 +113,26 @@ def stack_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def distributed(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[Stack]:
-    """Distributed deployment without Docker: migrate, API and a worker on local PostgreSQL and Redis."""
+def wait_for(what: str, check: Callable[[], Any], stack: Stack, timeout: float = 120.0) -> Any:
+    """`check()`'s first truthy answer, asked every 0.2 s; past `timeout`, an error with the stack's logs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} not seen in {timeout} s\n{stack.logs()}")
+
+
+def read_job(stack: Stack, job_id: int) -> dict[str, Any]:
+    return httpx.get(f"{stack.url}/api/v1/jobs/{job_id}", timeout=10).json()
+
+
+@contextmanager
+def distributed_stack(tmp_path: Path, database_url: str, broker_url: str, **extra: str) -> Iterator[Stack]:
+    """Migrate, then an API and a worker on the given database and broker (`extra`: more environment)."""
     port = free_port()
-    env = stack_env(tmp_path, port, DETLAB_MODE="distributed", DETLAB_DATABASE_URL=pg_url,
-                    DETLAB_BROKER_URL=redis_url)
+    env = stack_env(tmp_path, port, DETLAB_MODE="distributed", DETLAB_DATABASE_URL=database_url,
+                    DETLAB_BROKER_URL=broker_url, **extra)
     stack = Stack(url=f"http://127.0.0.1:{port}", env=env, log_dir=tmp_path)
     subprocess.run([sys.executable, "-m", "detlab.cli", "migrate"], env=env, cwd=ROOT, check=True)
     stack.start("api", "api", "--host", "127.0.0.1", "--port", str(port))
@@ -113,6 +142,13 @@ def distributed(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
+
+
+@pytest.fixture
+def distributed(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[Stack]:
+    """Distributed deployment without Docker: migrate, API and a worker on local PostgreSQL and Redis."""
+    with distributed_stack(tmp_path, pg_url, redis_url) as stack:
+        yield stack
 
 
 @pytest.fixture
@@ -128,3 +164,23 @@ def embedded(tmp_path: Path) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
+
+
+def rank_processes(run_id: int, under: Path) -> dict[int, int]:
+    """pid -> process group of every running process of the run: its ranks (found by their run folder, which
+    lies `under` the stack's TMPDIR: another stack's run with the same id is not this one) and whatever shares
+    their process groups."""
+    marker = f"{under}/{SPOOL_PREFIX}{run_id}-"
+    procs: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # exited while we looked
+        if stat[0] != "Z":  # a zombie is dead, waiting to be reaped
+            procs[int(entry.name)] = (int(stat[2]), cmdline)
+    groups = {pgid for pgid, cmd in procs.values() if "detlab.worker.ranks" in cmd and marker in cmd}
+    return {pid: pgid for pid, (pgid, _) in procs.items() if pgid in groups}

@@ -83,7 +83,7 @@ def test_a_bad_config_on_the_page_shows_the_error_and_keeps_the_input(embedded: 
         browser.close()
 
 
-def test_findings_page_shows_imported_results_with_bandwidth_beside_the_verdict(embedded: Stack) -> None:
+def test_findings_page_shows_the_config_by_stack_matrix_and_a_cells_measurements(embedded: Stack) -> None:
     import subprocess
     import sys
 
@@ -96,15 +96,15 @@ def test_findings_page_shows_imported_results_with_bandwidth_beside_the_verdict(
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page()
         page.goto(f"{embedded.url}/findings")
-        rows = page.locator("#findings tbody tr")
-        expect(rows).to_have_count(8)
-        page.fill("#filter", "Tree.proto-Simple float32")  # matches no single field
-        expect(page.locator("#count")).to_have_text("0 of 8 rows")
-        page.fill("#filter", "algo-Tree.proto-Simple")
-        expect(rows).to_have_count(2)
-        expect(rows.first).to_contain_text("4 x NVIDIA H200")
-        expect(rows.first).to_contain_text("reproducible")
-        expect(rows.first).to_contain_text("NCCL 2.28.9")
+        rows = page.locator("#matrix tbody tr")
+        expect(rows).to_have_count(4)  # the sweep's four configs, on one stack
+        expect(page.locator("#matrix thead")).to_contain_text("4 x NVIDIA H200 · NCCL 2.28.9")
+        page.select_option("#what", label="all_reduce_sum · float32")
+        ring = page.locator("#matrix tbody tr", has_text="algo-Ring.proto-Simple")
+        expect(ring).to_contain_text("5/5")
+        ring.locator("td.matrix-cell").click()
+        expect(page.locator("#history tbody tr")).to_have_count(1)
+        expect(page.locator("#history")).to_contain_text("2026-11-29-h200-nccl/sweep-4xH200.json")
         browser.close()
 
 

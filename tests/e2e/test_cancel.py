@@ -9,53 +9,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, text
 
 from tests.conftest import ROOT
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import Stack, read_job, wait_for
 
 GONE_WITHIN_S = 10.0
 LONG = {"workload": "mlp", "steps": 100_000, "world_size": 2}  # minutes of training: cancelled long before
 
 
-def rank_processes(run_id: int) -> dict[int, int]:
-    """pid -> process group of every running process of the run: its ranks (found by their run folder) and
-    whatever shares their process groups."""
-    procs: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # exited while we looked
-        if stat[0] != "Z":  # a zombie is dead, waiting to be reaped
-            procs[int(entry.name)] = (int(stat[2]), cmdline)
-    groups = {pgid for pgid, cmd in procs.values() if "detlab.worker.ranks" in cmd and f"detlab-run{run_id}-" in cmd}
-    return {pid: pgid for pid, (pgid, _) in procs.items() if pgid in groups}
-
-
-def wait_for(what: str, check: Any, stack: Stack, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not seen in {timeout} s\n{stack.logs()}")
-
-
-def read_job(stack: Stack, job_id: int) -> dict[str, Any]:
-    return httpx.get(f"{stack.url}/api/v1/jobs/{job_id}", timeout=10).json()
-
-
-def gone_after(run_id: int, groups: set[int], started: float) -> float:
+def gone_after(stack: Stack, run_id: int, groups: set[int], started: float) -> float:
     """Seconds from `started` until no process of the run's ranks' groups runs (fails past the limit)."""
     while time.monotonic() - started < GONE_WITHIN_S + 5:
-        left = {pid for pid, pgid in rank_processes(run_id).items() if pgid in groups}
+        left = {pid for pid, pgid in stack.ranks(run_id).items() if pgid in groups}
         left |= {pid for pid in groups if Path(f"/proc/{pid}").exists() and rank_alive(pid)}
         if not left:
             return time.monotonic() - started
@@ -76,13 +44,13 @@ def test_cancelling_a_running_job_kills_its_ranks_keeps_their_steps_and_never_st
     first, second = (r["id"] for r in job["runs"])
     wait_for("ten recorded steps", lambda: read_job(distributed, job["id"])["runs"][0]["steps_done"] >= 10,
              distributed)
-    ranks = wait_for("two ranks", lambda: len(found := rank_processes(first)) >= 2 and found, distributed)
+    ranks = wait_for("two ranks", lambda: len(found := distributed.ranks(first)) >= 2 and found, distributed)
     recorded = read_job(distributed, job["id"])["runs"][0]["steps_done"]
 
     started = time.monotonic()
     resp = httpx.post(f"{distributed.url}/api/v1/jobs/{job['id']}/cancel", timeout=30)
     assert resp.status_code == 200, resp.text
-    took = gone_after(first, set(ranks.values()), started)
+    took = gone_after(distributed, first, set(ranks.values()), started)
     print(f"ranks of run {first} gone {took:.2f} s after the cancel request")
     assert took < GONE_WITHIN_S
 
@@ -102,7 +70,7 @@ def test_cancelling_a_running_job_kills_its_ranks_keeps_their_steps_and_never_st
     time.sleep(3)  # a Celery redelivery or a reconciler pass must not bring either run back
     again = read_job(distributed, job["id"])
     assert [(r["status"], r["attempt"]) for r in again["runs"]] == [("cancelled", 1), ("cancelled", 0)]
-    assert rank_processes(second) == {}
+    assert distributed.ranks(second) == {}
 
 
 def cli_cancel(stack: Stack, job_id: int) -> subprocess.CompletedProcess[str]:
@@ -115,14 +83,14 @@ def test_detlab_cancel_stops_a_run_that_sends_no_records_through_its_heartbeat(d
     job = distributed.submit({**LONG, "fingerprint_interval": 100_000, "configs": [{"preset": "default"}]})
     run_id = job["runs"][0]["id"]
     wait_for("the run", lambda: read_job(distributed, job["id"])["status"] == "running", distributed)
-    ranks = wait_for("two ranks", lambda: len(found := rank_processes(run_id)) >= 2 and found, distributed)
+    ranks = wait_for("two ranks", lambda: len(found := distributed.ranks(run_id)) >= 2 and found, distributed)
     time.sleep(2)  # training, between fingerprints
 
     started = time.monotonic()
     out = cli_cancel(distributed, job["id"])
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"job {job['id']} cancelled (runs: 1 cancelled); recorded steps are kept")
-    took = gone_after(run_id, set(ranks.values()), started)
+    took = gone_after(distributed, run_id, set(ranks.values()), started)
     print(f"ranks of run {run_id} gone {took:.2f} s after `detlab cancel` started")
     assert took < GONE_WITHIN_S
     assert cli_cancel(distributed, job["id"]).returncode == 0  # again: a no-op

@@ -49,6 +49,13 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return record(tmp_path_factory.mktemp("ddp") / "a", "--grads", "--buffers", "--optimizer-state", ranks=2)
 
 
+@pytest.fixture(scope="module")
+def desynced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As two_ranks, but rank 1's 0.weight moved by one ulp after step 2: a DDP replica out of step."""
+    return record(tmp_path_factory.mktemp("desync") / "b", "--grads", "--buffers", "--optimizer-state", ranks=2,
+                  flip="2:1:0.weight")
+
+
 def test_two_runs_of_one_process_are_identical(one_process: Path, tmp_path: Path) -> None:
     done = compare(one_process, record(tmp_path / "b"))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -66,15 +73,36 @@ def test_two_torchrun_runs_of_two_ranks_are_identical(two_ranks: Path, tmp_path:
     assert (code, result["verdict"], result["mode"], result["missing"]) == (0, "identical", "per-rank", [])
 
 
-def test_one_element_changed_on_rank_1_names_step_tensor_and_rank(two_ranks: Path, tmp_path: Path) -> None:
-    changed = record(tmp_path / "b", "--grads", "--buffers", "--optimizer-state", ranks=2, flip="2:1:0.weight")
-    code, result = verdict(two_ranks, changed)
+def test_one_element_changed_on_rank_1_names_step_tensor_and_rank(two_ranks: Path, desynced: Path) -> None:
+    code, result = verdict(two_ranks, desynced)
     assert code == 1
     assert {k: result[k] for k in ("verdict", "first_divergent_step", "first_divergent_tensors", "ranks")} == {
         "verdict": "diverged", "first_divergent_step": 2, "first_divergent_tensors": ["0.weight"], "ranks": [1]}
     # Adam's next update rounds this one-ulp change away on this data (as plain DDP does without detlab),
     # so only the step of the change differs: a check on parameters alone from step 3 on would miss it.
     assert (result["steps_differing"], result["a"]) == (1, str(two_ranks))
+
+
+def test_the_replicas_of_a_ddp_run_agree(two_ranks: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "detlab.cli", "compare", str(two_ranks)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # parameters, gradients and Adam's state: 6 x 5; BatchNorm's buffers follow each rank's own batch
+    assert done.stdout == "replicas agree: 6 steps x 30 replicated tensors equal on every rank that holds them\n"
+
+
+def test_a_ddp_rank_out_of_step_is_reported_as_replicas_disagreeing(two_ranks: Path, desynced: Path) -> None:
+    done = compare(two_ranks, desynced)
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[1].startswith("replicas disagree: run 2 step 2 tensor 0.weight ranks {0: ")
+    [row] = verdict(two_ranks, desynced)[1]["replica_disagreements"]
+    assert (row["run"], row["step"], row["tensor"], sorted(row["ranks"])) == (2, 2, "0.weight", ["0", "1"])
+
+
+def test_replicas_that_disagree_fail_the_gate_though_the_runs_are_identical(desynced: Path) -> None:
+    code, result = verdict(desynced, desynced)
+    assert (code, result["verdict"]) == (1, "identical")
+    assert [(row["run"], row["step"]) for row in result["replica_disagreements"]] == [(1, 2), (2, 2)]
 
 
 def test_a_run_with_fewer_steps_is_incomplete_and_exits_2(one_process: Path, tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ BLOCK = re.compile(r"```(?:python|bash)\n# ([\w.-]+)[^\n]*\n(.*?)```", re.S)
 
 def examples() -> dict[str, str]:
     found = {name: f"# {name}\n{body}" for name, body in BLOCK.findall(DOC.read_text())}
-    assert set(found) == {"train.py", "train_options.py", "train_ddp.py", "ddp.sh", "ci.sh"}
+    assert set(found) == {"train.py", "train_options.py", "train_ddp.py", "ddp.sh", "train_fsdp.py", "fsdp.sh",
+                          "replicas.sh", "train_lightning.py", "train_hf.py", "ci.sh"}
     return found
 
 
@@ -70,3 +71,38 @@ def test_the_torchrun_example_gives_identical_runs_of_two_ranks(tmp_path: Path) 
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "identical: 20 steps x 2 rank(s) x 4 tensors equal"
     assert sorted(p.name for p in (tmp_path / "runs" / "ddp-a").iterdir()) == ["rank0.jsonl", "rank1.jsonl", "run.json"]
+
+
+def test_the_replica_check_of_the_torchrun_example_finds_its_replicas_equal(tmp_path: Path) -> None:
+    done = run(save(tmp_path), "torchrun", "--standalone", "--nproc-per-node", "2", "train_ddp.py", "runs/ddp-a")
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = run(tmp_path, "bash", "replicas.sh")
+    assert (done.returncode, done.stdout.strip()) == (
+        0, "replicas agree: 20 steps x 4 replicated tensors equal on every rank that holds them")
+
+
+def test_the_fsdp2_example_gives_identical_runs_shard_by_shard(tmp_path: Path) -> None:
+    done = run(save(tmp_path), "bash", "fsdp.sh")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "identical: 20 steps x 2 rank(s) x 16 tensors equal"
+    shards = load_run(tmp_path / "runs" / "fsdp-a").rank_tensors
+    assert [t.shape for t in shards[0][:4]] == [[16, 8], [16], [1, 32], [1]]
+    assert [t.shape for t in shards[1][:4]] == [[16, 8], [16], [0, 32], [0]]
+
+
+def test_two_runs_of_the_lightning_example_are_identical_with_steps_numbered_from_1(tmp_path: Path) -> None:
+    for out in ("runs/a", "runs/b"):
+        done = run(save(tmp_path), "python", "train_lightning.py", out)
+        assert done.returncode == 0, done.stderr[-2000:]
+    done = run(tmp_path, "detlab", "compare", "runs/a", "runs/b")
+    assert (done.returncode, done.stdout.strip()) == (0, "identical: 20 steps x 1 rank(s) x 8 tensors equal")
+    assert load_run(tmp_path / "runs" / "a").steps() == list(range(1, 21))
+
+
+def test_two_runs_of_the_hf_trainer_example_are_identical_with_steps_numbered_from_1(tmp_path: Path) -> None:
+    for out in ("runs/a", "runs/b"):
+        done = run(save(tmp_path), "python", "train_hf.py", out)
+        assert done.returncode == 0, done.stderr[-2000:]
+    done = run(tmp_path, "detlab", "compare", "runs/a", "runs/b")
+    assert (done.returncode, done.stdout.strip()) == (0, "identical: 20 steps x 1 rank(s) x 32 tensors equal")
+    assert load_run(tmp_path / "runs" / "a").steps() == list(range(1, 21))

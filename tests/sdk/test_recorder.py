@@ -216,9 +216,18 @@ def test_a_closed_recorder_refuses_more_steps(tmp_path: Path) -> None:
         rec.step(0, make_model())
 
 
-def test_online_mode_says_it_is_not_available_yet(tmp_path: Path) -> None:
-    with pytest.raises(NotImplementedError, match="out=DIR"):
-        detlab.Recorder(server="http://127.0.0.1:8000")
+@pytest.mark.parametrize(("options", "error", "fragment"), [
+    ({}, TypeError, "out=DIR"),
+    ({"server": "detlab.example:8000"}, ValueError, "the detlab server's URL"),
+    ({"server": "http://127.0.0.1:8000"}, ValueError, "DETLAB_TOKEN"),  # no token: said at once, not at step 0
+    ({"out": "x", "tags": ["no spaces"]}, ValueError, "tags"),
+])
+def test_a_recorder_it_cannot_run_is_refused_when_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       options: dict, error: type, fragment: str) -> None:
+    monkeypatch.delenv("DETLAB_TOKEN", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error, match=fragment):
+        detlab.Recorder(**options)
 
 
 def test_ranks_come_from_the_torchrun_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

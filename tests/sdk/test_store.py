@@ -69,13 +69,23 @@ def test_a_rank_file_outside_the_world_size_is_refused(tmp_path: Path) -> None:
         load_run(out)
 
 
-def test_ranks_with_different_tensor_lists_are_refused(tmp_path: Path) -> None:
+def test_ranks_with_different_tensor_lists_load_each_with_its_own(tmp_path: Path) -> None:
     out = recording(tmp_path / "a")
     manifest = json.loads((out / "run.json").read_text())
     (out / "run.json").write_text(json.dumps({**manifest, "world_size": 2}))
     rows = (out / "rank0.jsonl").read_text().replace('"rank":0', '"rank":1').replace('"bias"', '"other"')
     (out / "rank1.jsonl").write_text(rows)
-    with pytest.raises(RecordsError, match=r"ranks \[0, 1\] recorded 2 different tensor lists"):
+    run = load_run(out)
+    assert [[t.name for t in run.rank_tensors[r]] for r in (0, 1)] == [["weight", "bias"], ["weight", "other"]]
+    assert run.tensors == [("weight", [2, 3], "float32"), ("bias", [2], "float32")]  # the lowest rank's
+
+
+def test_a_step_with_more_digests_than_tensors_is_refused(tmp_path: Path) -> None:
+    out = recording(tmp_path / "a")
+    rows = (out / "rank0.jsonl").read_text().splitlines()
+    rows[2] = rows[2].replace('"digests":"', '"digests":"' + "0" * 32)
+    (out / "rank0.jsonl").write_text("\n".join(rows) + "\n")
+    with pytest.raises(RecordsError, match=r"rank0.jsonl: step 0 holds 3 digests for 2 tensors"):
         load_run(out)
 
 

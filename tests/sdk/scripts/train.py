@@ -3,6 +3,10 @@ under `torchrun --nproc-per-node N`. Deterministic on CPU: seeded model and data
 split over the ranks, one thread per rank.
 
 Usage: python train.py OUT [--steps N] [--every N] [--names GLOB ...] [--grads] [--buffers] [--optimizer-state]
+                      [--server URL] [--name NAME] [--step-sleep S]
+
+OUT "-" with --server: no directory of our choosing (the recorder's spool dir). --step-sleep: seconds of
+pretend work per step, so that a test can stop the server mid-run.
 
 For the tests only: DETLAB_TEST_FLIP=STEP:RANK:TENSOR moves one element of TENSOR (a parameter, or with
 `.grad` its gradient before the optimizer step, or a buffer) by one ulp on RANK at STEP.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -37,6 +42,9 @@ def main() -> None:
     parser.add_argument("--grads", action="store_true")
     parser.add_argument("--buffers", action="store_true")
     parser.add_argument("--optimizer-state", action="store_true")
+    parser.add_argument("--server")
+    parser.add_argument("--name")
+    parser.add_argument("--step-sleep", type=float, default=0.0)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -54,8 +62,9 @@ def main() -> None:
     flip_step, flip_rank, flip_name = (fault.split(":") if fault else ("-1", "-1", ""))
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
-    rec = detlab.Recorder(out=args.out, every=args.every, names=args.names, grads=args.grads,
-                          buffers=args.buffers, optimizer=opt if args.optimizer_state else None)
+    rec = detlab.Recorder(out=None if args.out == "-" else args.out, server=args.server, name=args.name,
+                          every=args.every, names=args.names, grads=args.grads, buffers=args.buffers,
+                          optimizer=opt if args.optimizer_state else None)
     share = GLOBAL_BATCH // world
     for step in range(args.steps):
         data = torch.Generator().manual_seed(1000 + step)
@@ -73,6 +82,7 @@ def main() -> None:
         if here and not flip_name.endswith(".grad"):
             flip(state[flip_name])
         rec.step(step, net, loss=loss)
+        time.sleep(args.step_sleep)
     rec.close()
     if world > 1:
         dist.destroy_process_group()

@@ -1,0 +1,168 @@
+"""The team's history: collective cells by hardware and library, the config × stack matrix with its
+filters, and one cell's measurements linked to their jobs."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel
+
+from detlab.backend.api.deps import SessionDep
+from detlab.backend.reports import findings, matrix
+
+router = APIRouter(prefix="/api/v1/findings", tags=["findings"])
+
+
+class FindingGroup(BaseModel):
+    """One hardware × library × config × op × dtype: sizes reproducible and busbw at the largest size."""
+
+    hardware: str
+    library: str
+    config: str
+    op: str
+    dtype: str
+    env: dict[str, Any]
+    sources: list[str]
+    sizes: int
+    reproducible: int
+    cells: int
+    min_runs: int
+    largest_bytes: int
+    busbw_gbps_at_largest: float | None
+
+
+class FindingsRead(BaseModel):
+    groups: list[FindingGroup]
+
+
+class Cost(BaseModel):
+    cost: float | None
+    cost_interval: list[float] | None
+    within_noise: bool | None  # the bootstrap 95 % interval spans 0
+    cost_text: str
+
+
+class MatrixCell(Cost):
+    """Config × stack: `identical` of `comparable` (train: repeats identical to the first; collective: sizes
+    reproducible), the latest cost, the earliest first divergence and the rate per time slice (`trend`)."""
+
+    config: str
+    stack: str
+    identical: int
+    comparable: int
+    rate: float | None
+    measurements: int
+    first_divergent_step: int | None
+    last_measured_at: str
+    latest_job_id: int | None
+    busbw_gbps: float | None
+    trend: list[float | None]
+
+
+class Bucket(BaseModel):
+    """A slice of the time covered; a cell's `trend` has its rate in each."""
+
+    start: str
+    end: str
+
+
+class Scope(BaseModel):
+    kind: str | None
+    workload: str | None
+    op: str | None
+    dtype: str | None
+    since: str | None
+    until: str | None
+
+
+class ScopeOption(BaseModel):
+    kind: str
+    workload: str
+    op: str
+    dtype: str
+
+
+class MatrixRead(BaseModel):
+    scope: Scope
+    options: list[ScopeOption]
+    configs: list[str]
+    stacks: list[str]
+    cells: list[MatrixCell]
+    buckets: list[Bucket]
+
+
+class Measurement(Cost):
+    source: str
+    job_id: int | None
+    job_url: str | None
+    measured_at: str
+    kind: str
+    workload: str
+    op: str
+    dtype: str
+    identical: int
+    comparable: int
+    rate: float | None
+    runs: int
+    first_divergent_step: int | None
+    largest_bytes: int | None
+    busbw_gbps: float | None
+    config_env: dict[str, Any]
+    hardware: str
+    driver: str | None
+    runtime: str | None
+    torch: str | None
+    library: str
+
+
+class HistoryRead(BaseModel):
+    config: str
+    stack: str
+    measurements: list[Measurement]
+
+
+NO_NUL = r"^[^\x00]*$"  # compared with text columns: PostgreSQL refuses NUL in a string (a 500, not a 422)
+Text = Annotated[str | None, Query(min_length=1, max_length=255, pattern=NO_NUL)]
+Day = Annotated[date | None, Query(description="a day, YYYY-MM-DD (UTC)")]
+
+
+def _scope(kind: str | None, workload: str | None, op: str | None, dtype: str | None, since: date | None,
+           until: date | None) -> matrix.Scope:
+    if since and until and until < since:
+        raise HTTPException(422, f"until ({until}) is before since ({since})")
+    start = datetime.combine(since, time(), UTC) if since else None
+    end = datetime.combine(until, time(), UTC) + timedelta(days=1) if until else None  # until is inclusive
+    return matrix.Scope(kind=kind, workload=workload, op=op, dtype=dtype, since=start, until=end)
+
+
+@router.get("", response_model=FindingsRead)
+def read_findings(session: SessionDep) -> FindingsRead:
+    """Collective measurements per hardware, library, config, op and dtype: the sizes that were
+    reproducible and the bus bandwidth at the largest size."""
+    return FindingsRead.model_validate({"groups": findings.summary(session=session)})
+
+
+@router.get("/matrix", response_model=MatrixRead)
+def read_matrix(session: SessionDep, kind: Text = None, workload: Text = None, op: Text = None, dtype: Text = None,
+                since: Day = None, until: Day = None) -> dict[str, Any]:
+    """Config × stack (GPU, driver, CUDA/ROCm, torch, NCCL/RCCL) over every finished job and imported
+    file in scope: reproducibility k/n, cost with its interval, first divergence, trend, latest job.
+    Without a kind, the scope is the first thing measured (train workloads first), as `scope` says."""
+    scope = matrix.default_scope(session=session, scope=_scope(kind, workload, op, dtype, since, until))
+    body = matrix.cached_matrix(session=session, scope=scope)
+    return {**body, "options": matrix.options(session=session),
+            "scope": {"kind": scope.kind, "workload": scope.workload, "op": scope.op, "dtype": scope.dtype,
+                      "since": since and since.isoformat(), "until": until and until.isoformat()}}
+
+
+@router.get("/history", response_model=HistoryRead)
+def read_history(session: SessionDep, config: Annotated[str, Query(min_length=1, max_length=64, pattern=NO_NUL)],
+                 stack: Annotated[str, Query(min_length=1, max_length=255, pattern=NO_NUL)], kind: Text = None,
+                 workload: Text = None, op: Text = None, dtype: Text = None, since: Day = None,
+                 until: Day = None) -> dict[str, Any]:
+    """One matrix cell's measurements, newest first, each linked to its job (or naming its imported file)."""
+    scope = _scope(kind, workload, op, dtype, since, until)
+    return {"config": config, "stack": stack,
+            "measurements": matrix.history(session=session, scope=scope, config=config, stack=stack)}

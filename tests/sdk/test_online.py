@@ -1,0 +1,136 @@
+"""Online mode and `detlab upload` against a real detlab API process (SQLite), with the plain-PyTorch script
+of tests/sdk/scripts/train.py: records streamed as they are written, nothing lost when the server dies
+mid-run, uploads idempotent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, func, select
+
+from detlab.backend.models import Job, Run, StepRecord
+from tests.conftest import ROOT, free_port
+from tests.e2e.conftest import Stack, stack_env
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "train.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def wait_live(stack: Stack, timeout: float = 120.0) -> None:
+    """Until the API answers (no worker runs here, so /health would say 503 "no worker")."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert all(p.poll() is None for p in stack.procs.values()), stack.logs()
+        try:
+            if httpx.get(f"{stack.url}/api/v1/live", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.3)
+    raise TimeoutError(f"{stack.url} not up after {timeout} s")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Stack]:
+    port = free_port()
+    env = stack_env(tmp_path, port, DETLAB_DATABASE_URL=f"sqlite:///{tmp_path / 'detlab.sqlite3'}")
+    stack = Stack(url=f"http://127.0.0.1:{port}", env=env, log_dir=tmp_path)
+    subprocess.run([sys.executable, "-m", "detlab.cli", "migrate"], env=env, cwd=ROOT, check=True)
+    stack.start("api", "api", "--host", "127.0.0.1", "--port", str(port))
+    try:
+        wait_live(stack)
+        yield stack
+    finally:
+        stack.stop()
+
+
+def script_env(stack: Stack, tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["DETLAB_TOKEN"] = stack.env["DETLAB_INGEST_TOKEN"]
+    env["DETLAB_SPOOL_DIR"] = str(tmp_path / "spool")
+    return env
+
+
+def train(stack: Stack, tmp_path: Path, out: str, *args: str, ranks: int = 1) -> subprocess.Popen[str]:
+    launch = [sys.executable] if ranks == 1 else [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)]
+    return subprocess.Popen([*launch, str(SCRIPT), out, "--server", stack.url, *args], env=script_env(stack, tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finished(proc: subprocess.Popen[str]) -> str:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def stored(stack: Stack) -> dict[int, tuple[str, str, int, int]]:
+    """run id -> (job kind, run status, world size, step records) from the server's own database."""
+    engine = create_engine(stack.env["DETLAB_DATABASE_URL"])
+    with engine.connect() as db:
+        rows = db.execute(select(Run.id, Job.kind, Run.status, Run.world_size,
+                                 select(func.count()).where(StepRecord.run_id == Run.id).scalar_subquery())
+                          .join(Job, Job.id == Run.job_id)).all()
+    engine.dispose()
+    return {r[0]: tuple(r[1:]) for r in rows}  # type: ignore[misc]
+
+
+def test_a_run_streams_to_the_server_and_is_kept_locally(server: Stack, tmp_path: Path) -> None:
+    finished(train(server, tmp_path, str(tmp_path / "a"), "--name", "online", "--steps", "5"))
+    assert stored(server) == {1: ("recording", "succeeded", 1, 5)}
+    found = httpx.get(f"{server.url}/api/v1/jobs", timeout=10).json()["items"]
+    assert [(j["kind"], j["status"], j["workload"]) for j in found] == [("recording", "succeeded", "sdk")]
+    # the directory is a complete offline recording too
+    done = subprocess.run([sys.executable, "-m", "detlab.cli", "compare", str(tmp_path / "a"), str(tmp_path / "a")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_two_ranks_under_torchrun_make_one_recording(server: Stack, tmp_path: Path) -> None:
+    finished(train(server, tmp_path, "-", "--steps", "4", ranks=2))
+    assert stored(server) == {1: ("recording", "succeeded", 2, 8)}
+    assert len(list((tmp_path / "spool").iterdir())) == 1  # one recording id, agreed over the process group
+
+
+def test_the_server_dying_mid_run_loses_no_record(server: Stack, tmp_path: Path) -> None:
+    proc = train(server, tmp_path, str(tmp_path / "a"), "--steps", "30", "--step-sleep", "0.2")
+    deadline = time.monotonic() + 120
+    while not any(r[3] >= 3 for r in stored(server).values()):
+        assert time.monotonic() < deadline and proc.poll() is None, "no record reached the server"
+        time.sleep(0.2)
+    server.kill("api")
+    time.sleep(3)  # the loop goes on; its records wait in the directory
+    port = server.url.rsplit(":", 1)[1]
+    server.start("api", "api", "--host", "127.0.0.1", "--port", port)
+    wait_live(server)
+    finished(proc)
+    assert stored(server) == {1: ("recording", "succeeded", 1, 30)}
+
+
+def test_upload_sends_an_offline_recording_once_however_often_it_is_run(server: Stack, tmp_path: Path) -> None:
+    env = script_env(server, tmp_path)
+    subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "a"), "--steps", "4"], env=env, check=True,
+                   timeout=300)
+    said = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "detlab.cli", "upload", str(tmp_path / "a"), "--name", "nightly"],
+                              env={**env, "DETLAB_SERVER": server.url}, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        said.append(done.stdout.split(":")[1])
+    assert said == [" 6 records to run 1 (succeeded)", " 0 records to run 1 (succeeded)"]  # env, tensors, 4 steps
+    assert stored(server) == {1: ("recording", "succeeded", 1, 4)}
+
+
+def test_upload_to_a_server_that_is_not_there_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "a"), "--steps", "2"], check=True, timeout=300,
+                   env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
+    done = subprocess.run([sys.executable, "-m", "detlab.cli", "upload", str(tmp_path / "a"), "--server",
+                           f"http://127.0.0.1:{free_port()}"], env={**os.environ, "DETLAB_TOKEN": "x" * 20},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and "again" in done.stderr

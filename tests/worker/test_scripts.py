@@ -1,0 +1,90 @@
+"""Registered scripts (`detlab worker --scripts FILE`): the file's checks, and a script's ranks launched as a
+worker launches them, recording through detlab.Recorder into the worker's spool (gloo, two ranks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from detlab.core.configs import TorchFlags
+from detlab.core.wire import RankSpec, RunSpec, StepRecord, TensorsRecord
+from detlab.worker.launch import launch_ranks
+from detlab.worker.runner import child_env, script_env
+from detlab.worker.scripts import ScriptsError, load
+
+SCRIPT = Path(__file__).resolve().parents[1] / "sdk" / "scripts" / "train.py"
+
+
+def scripts_file(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "scripts.toml"
+    path.write_text(body)
+    return path
+
+
+def test_a_scripts_file_describes_each_script_to_the_server(tmp_path: Path) -> None:
+    found = load(scripts_file(tmp_path, f"""
+[[script]]
+name = "sft"
+description = "our SFT recipe"
+command = ["python", "train.py", "--steps", "50"]
+workdir = "{tmp_path}"
+world_sizes = [1, 2, 4]
+steps = 50
+global_batch = 32
+"""))
+    info = found["sft"].info()
+    assert (info.name, info.script, info.world_sizes, info.default_steps, info.global_batch) == \
+        ("sft", True, (1, 2, 4), 50, 32)
+    assert found["sft"].command == ("python", "train.py", "--steps", "50")
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ('[[script]]\nname = "a"\ncommand = "python train.py; rm -rf /"', "command"),  # a shell string
+    ('[[script]]\nname = "a"\ncommand = []', "command"),
+    ('[[script]]\nname = "mlp"\ncommand = ["x"]', "'mlp' is taken"),  # a built-in
+    ('[[script]]\nname = "a"\ncommand = ["x"]\n[[script]]\nname = "a"\ncommand = ["y"]', "'a' is taken"),
+    ('[[script]]\nname = "a b"\ncommand = ["x"]', "name"),
+    ('[[script]]\nname = "a"\ncommand = ["x"]\nworld_sizes = [0]', "world_sizes"),
+    ('[[script]]\nname = "a"\ncommand = ["x"]\nworkdir = "/no/such/dir"', "is not a directory"),
+    ('[[script]]\nname = "a"\ncommand = ["x"]\nshell = true', "shell"),
+    ('[script]\nname = "a"', "[[script]]"),
+    ("not toml [", "TOML"),
+])
+def test_a_bad_scripts_file_is_refused_naming_what_and_where(tmp_path: Path, body: str, fragment: str) -> None:
+    with pytest.raises(ScriptsError, match="scripts.toml") as caught:
+        load(scripts_file(tmp_path, body))
+    assert fragment in str(caught.value)
+
+
+def test_detlab_worker_refuses_a_bad_scripts_file_in_one_line(tmp_path: Path) -> None:
+    path = scripts_file(tmp_path, '[[script]]\nname = "a"\ncommand = "bash -c x"')
+    done = subprocess.run([sys.executable, "-m", "detlab.cli", "worker", "--scripts", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "command" in done.stderr
+
+
+def test_a_scripts_ranks_record_into_the_workers_spool_under_the_configs_flags(tmp_path: Path) -> None:
+    spec = RunSpec(run_id=1, attempt=1, workload="sdk-train", kind="train", world_size=2, steps=3,
+                   fingerprint_interval=1, env={"NCCL_ALGO": "Ring"}, torch=TorchFlags(deterministic_algorithms=True))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    got: list = []
+
+    def env(rank: int) -> dict[str, str]:
+        base = {k: v for k, v in child_env(spec, rank, folder).items() if not k.startswith("DETLAB_")}
+        return {**base, **script_env(spec, folder)}
+
+    launch_ranks(RankSpec.for_run(spec, device="cpu"), folder, env=env, on_records=got.extend, timeout_s=300,
+                 argv=[sys.executable, str(SCRIPT), str(tmp_path / "ignored"), "--steps", "3"], cwd=tmp_path)
+    steps = sorted((r.step, r.rank) for r in got if isinstance(r, StepRecord))
+    assert steps == [(s, r) for s in range(3) for r in range(2)]
+    assert sum(isinstance(r, TensorsRecord) for r in got) == 2
+    envs = [r for r in got if r.type == "env"]
+    assert {e.effective_env.get("NCCL_ALGO") for e in envs} == {"Ring"}  # the config's env, in the ranks
+    assert all(e.torch_flags and e.torch_flags.deterministic_algorithms for e in envs)  # its flags, applied
+    assert not (tmp_path / "ignored").exists()  # out= gave way to the worker's folder
+    assert os.environ.get("DETLAB_RUN_DIR") is None  # the worker's own environment is untouched
