@@ -88,6 +88,8 @@ class Job(Base):
     verdict: Mapped[str | None] = mapped_column(String(32))
     # Labels users give a job, in their order; job_tags holds them again, one row each, for filtering.
     tags: Mapped[list[Any]] = mapped_column(default=list)
+    # An SDK recording's id (services.recordings): every rank, retry and upload of it finds this job.
+    recording: Mapped[str | None] = mapped_column(String(64), index=True, unique=True)
 
     runs: Mapped[list[Run]] = relationship(back_populates="job", order_by="Run.id")
 

@@ -13,6 +13,7 @@ from detlab.backend.api.deps import Limit, Offset, SessionDep
 from detlab.backend.models import Config, Job, JobTag, Run
 from detlab.backend.reports import pair
 from detlab.backend.schemas import PairResult, RunsFound
+from detlab.core.text import StorableText
 from detlab.core.wire import INT32, Tag
 
 router = APIRouter(prefix="/api/v1", tags=["compare"])
@@ -25,7 +26,7 @@ def _like(text: str) -> str:
 
 
 @router.get("/runs", response_model=RunsFound)
-def find_runs(session: SessionDep, q: Annotated[str | None, Query(max_length=64)] = None,
+def find_runs(session: SessionDep, q: Annotated[StorableText | None, Query(max_length=64)] = None,
               tag: Tag | None = None, since: datetime | None = None, until: datetime | None = None,
               limit: Limit = 50, offset: Offset = 0) -> dict[str, Any]:
     """Training runs (collective runs compare through their job's cells), newest first; `q` searches the

@@ -11,12 +11,11 @@ running until it is cancelled, and its records so far are kept.
 
 from __future__ import annotations
 
-import hashlib
-
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from detlab.backend.models import FAILED, FINISHED, RECORDING, RUNNING, SUCCEEDED, IdempotencyKey, Job, Run, utcnow
+from detlab.backend.models import FAILED, FINISHED, RECORDING, RUNNING, SUCCEEDED, Job, Run, utcnow
 from detlab.backend.services.ingest import Conflict
 from detlab.backend.services.jobs import get_or_create_config, set_tags
 from detlab.backend.services.settle import settle
@@ -25,17 +24,10 @@ from detlab.core import configs, wire
 CONFIG_NAME = "recorded"
 
 
-def _key(recording: str) -> str:
-    return f"recording:{recording}"
-
-
 def _found(session: Session, body: wire.RecordingOpen) -> Run | None:
-    key = session.get(IdempotencyKey, _key(body.recording))
-    if key is None:
+    job = session.scalars(select(Job).where(Job.recording == body.recording)).first()
+    if job is None:
         return None
-    job = session.get(Job, key.job_id)
-    if job is None or job.kind != RECORDING or not job.runs:
-        raise Conflict(f"recording {body.recording} names no recording on this server")
     if job.world_size != body.world_size:
         raise Conflict(f"recording {body.recording} was opened with world_size {job.world_size}, not "
                        f"{body.world_size}: one recording is one run of one world")
@@ -51,14 +43,12 @@ def open_recording(*, session: Session, body: wire.RecordingOpen, submitter: str
     config = get_or_create_config(session=session, body=configs.ConfigBody(name=CONFIG_NAME))
     now = utcnow()
     try:
-        with session.begin_nested():  # two ranks opening at once: the second one's key insert fails
+        with session.begin_nested():  # two ranks opening at once: the second one's insert fails (unique)
             job = Job(kind=RECORDING, workload=body.workload, world_size=body.world_size, steps=0, repeats=1,
-                      params={"recording": body.recording, "name": body.name}, config_ids=[config.id],
-                      status=RUNNING, submitter=submitter)
+                      params={"name": body.name}, config_ids=[config.id], status=RUNNING, submitter=submitter,
+                      recording=body.recording)
             session.add(job)
             session.flush()
-            session.add(IdempotencyKey(key=_key(body.recording), job_id=job.id,
-                                       body_hash=hashlib.sha256(body.recording.encode()).hexdigest()))
             session.add(Run(job_id=job.id, config_id=config.id, config_index=0, repeat=0,
                             world_size=body.world_size, steps_total=0, status=RUNNING, attempt=1, node="sdk",
                             started_at=now, heartbeat_at=now))

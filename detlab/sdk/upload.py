@@ -15,12 +15,15 @@ import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 
 from detlab.core.wire import RECORD, Record, RecordingOpen
 from detlab.sdk import store
+
+if TYPE_CHECKING:
+    from detlab.worker.client import IngestClient
 
 # Records per request; the client halves a batch the server finds too large.
 BATCH = 200
@@ -62,16 +65,19 @@ def recording_id_of(out: Path, manifest: store.Manifest) -> str:
     return hashlib.sha256(f"{manifest.started.isoformat()}\0{manifest.name}".encode()).hexdigest()[:32]
 
 
-def client(server: str, token: str | None, *, retries: int = 2):  # type: ignore[no-untyped-def]
-    """An ingest client for `server` with `token` (else DETLAB_TOKEN: an API token with scope ingest, or the
-    server's ingest token)."""
-    from detlab.worker.client import IngestClient
-
+def resolve_token(token: str | None) -> str:
+    """`token`, else DETLAB_TOKEN: an API token with scope ingest, or the server's ingest token."""
     token = token or os.environ.get("DETLAB_TOKEN")
     if not token:
         raise ValueError("sending records needs a token: token=... or DETLAB_TOKEN (an API token with scope "
                          "'ingest', `detlab token create`, or the server's DETLAB_INGEST_TOKEN)")
-    return IngestClient(server, token, retries=retries, timeout_s=30.0)
+    return token
+
+
+def client(server: str, token: str | None, *, retries: int = 2) -> IngestClient:
+    from detlab.worker.client import IngestClient
+
+    return IngestClient(server, resolve_token(token), retries=retries, timeout_s=30.0)
 
 
 class Tail:

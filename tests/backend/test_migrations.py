@@ -82,3 +82,31 @@ def test_job_tags_migrate_with_verdicts_read_from_results(db_url: str) -> None:
     assert not {"tags", "verdict"} & {c["name"] for c in inspect(engine).get_columns("jobs")}
     command.upgrade(config, "head")
     engine.dispose()
+
+
+def test_recording_ids_move_from_idempotency_keys_to_their_column_and_back(db_url: str) -> None:
+    config = alembic_config(db_url)
+    command.upgrade(config, "0008")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        _insert_job(conn, id=1, kind="recording", workload="sdk", params=json.dumps({}), tags="[]")
+        _insert_job(conn, id=2, params=json.dumps({}), tags="[]")
+        conn.execute(text("INSERT INTO configs (id, name, hash, body, created_at) "
+                          "VALUES (1, 'recorded', 'h', '{}', '2026-11-30 12:00:00+00:00')"))
+        conn.execute(text("INSERT INTO runs (job_id, config_id, config_index, repeat, world_size, steps_total, "
+                          "steps_done, status, attempt) VALUES (1, 1, 0, 0, 1, 0, 0, 'running', 1)"))
+        for key, job_id in (("recording:abcdef0123", 1), ("client-key-1", 2)):
+            conn.execute(text("INSERT INTO idempotency_keys (key, body_hash, job_id, created_at) "
+                              "VALUES (:k, 'h', :j, '2026-11-30 12:00:00+00:00')"), {"k": key, "j": job_id})
+    command.upgrade(config, "0009")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT id, recording FROM jobs ORDER BY id")).all() == [(1, "abcdef0123"), (2, None)]
+        assert conn.execute(text("SELECT key FROM idempotency_keys")).scalars().all() == ["client-key-1"]
+    command.downgrade(config, "0008")
+    with engine.connect() as conn:
+        keys = conn.execute(text("SELECT key, job_id FROM idempotency_keys ORDER BY key")).all()
+    assert keys == [("client-key-1", 2), ("recording:abcdef0123", 1)]
+    with engine.connect() as conn:  # SQLite copies `jobs` to drop the column: nothing of its jobs may go with it
+        assert conn.execute(text("SELECT job_id FROM runs")).scalars().all() == [1]
+    command.upgrade(config, "head")
+    engine.dispose()

@@ -149,6 +149,12 @@ def test_runs_are_found_by_name_workload_config_and_tag(client: TestClient) -> N
     assert client.get("/api/v1/runs?limit=1").json()["total"] == 2
 
 
+def test_a_search_the_database_cannot_hold_is_a_422(client: TestClient) -> None:
+    recorded(client, "rec-aaaaaaaaaa", ["ab"])
+    resp = client.get("/api/v1/runs?q=a%00b")  # PostgreSQL text cannot hold NUL: it was a 500 there
+    assert resp.status_code == 422 and "q" in resp.text
+
+
 @pytest.mark.parametrize(("query", "status"), [("a=1&b=999", 404), ("a=0&b=1", 422), ("a=1", 422),
                                                ("a=1&b=2147483648", 422)])
 def test_bad_compare_queries_are_clear(client: TestClient, query: str, status: int) -> None:

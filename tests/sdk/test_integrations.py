@@ -10,11 +10,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from detlab.sdk import load_run
+from tests.sdk.test_compare import compare, verdict
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LIGHTNING, HF = SCRIPTS / "train_lightning.py", SCRIPTS / "train_hf.py"
@@ -33,16 +33,6 @@ def record(script: Path, out: Path, *args: str, ranks: int = 1) -> Path:
     done = train(script, out, *args, ranks=ranks)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
-
-
-def compare(a: Path, b: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "detlab.cli", "compare", str(a), str(b), *options],
-                          capture_output=True, text=True, timeout=120)
-
-
-def verdict(a: Path, b: Path) -> tuple[int, dict[str, Any]]:
-    done = compare(a, b, "--json")
-    return done.returncode, json.loads(done.stdout)
 
 
 @pytest.fixture(scope="module")
