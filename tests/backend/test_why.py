@@ -7,6 +7,7 @@ import base64
 import zlib
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
@@ -29,22 +30,22 @@ def env_record(rank: int, backend: str = "gloo", **env: str) -> dict[str, Any]:
             "backend": backend, "effective_env": {"NCCL_DEBUG": "INFO", **env}}
 
 
-def record(client: TestClient, run: Run, *, digest: str, envs: list[dict[str, Any]],
+def record(client: TestClient | httpx.Client, run_id: int, *, digest: str, envs: list[dict[str, Any]],
            logs: dict[int, str] | None = None) -> None:
-    """Claim the run; send its ranks' envs, steps 0-3 of both ranks with this model digest from step 1 on, and
-    their NCCL logs (fixture names); finish it."""
-    spec = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    """Through the ingest API: claim the run; send its ranks' envs, steps 0-3 of both ranks with this model digest
+    from step 1 on, and their NCCL logs (fixture names); finish it."""
+    spec = client.post(f"/api/v1/ingest/runs/{run_id}/claim", json={"worker": "w"}, headers=AUTH).json()
     steps = [{**step_record(s, r), "model_digest": "fp1:" + ("0" * 32 if s == 0 else digest)}
              for s in range(4) for r in range(2)]
     batch = {"attempt": spec["attempt"], "records": envs + steps}
-    assert client.post(f"/api/v1/ingest/runs/{run.id}/records", json=batch, headers=AUTH).status_code == 200
+    assert client.post(f"/api/v1/ingest/runs/{run_id}/records", json=batch, headers=AUTH).status_code == 200
     for rank, name in (logs or {}).items():
         text = (FIXTURES / "commlogs" / name).read_bytes()
         upload = {"attempt": spec["attempt"], "rank": rank, "raw_bytes": len(text),
                   "zlib_b64": base64.b64encode(zlib.compress(text)).decode()}
-        assert client.post(f"/api/v1/ingest/runs/{run.id}/commlog", json=upload, headers=AUTH).status_code == 200
+        assert client.post(f"/api/v1/ingest/runs/{run_id}/commlog", json=upload, headers=AUTH).status_code == 200
     done = {"attempt": spec["attempt"], "status": "succeeded"}
-    assert client.post(f"/api/v1/ingest/runs/{run.id}/finish", json=done, headers=AUTH).status_code == 200
+    assert client.post(f"/api/v1/ingest/runs/{run_id}/finish", json=done, headers=AUTH).status_code == 200
 
 
 def diverged_job(client: TestClient, session: Session, settings: Settings, *, env_b: dict[str, str] | None = None,
@@ -54,7 +55,7 @@ def diverged_job(client: TestClient, session: Session, settings: Settings, *, en
     a, b = sorted(job.runs, key=lambda r: r.config_index)
     for run, digest, extra, log in ((a, "1" * 32, {}, logs and logs[0]), (b, "2" * 32, env_b or {}, logs and logs[1])):
         backend = "nccl" if log else "gloo"
-        record(client, run, digest=digest, envs=[env_record(r, backend, **extra) for r in range(2)],
+        record(client, run.id, digest=digest, envs=[env_record(r, backend, **extra) for r in range(2)],
                logs={0: log} if log else None)
     return job, a, b
 
@@ -167,7 +168,7 @@ def test_a_pair_of_the_job_can_be_asked_for(client: TestClient, session: Session
     job = make_run(session, settings, configs=TWO, repeats=2).job
     runs = sorted(job.runs, key=lambda r: (r.config_index, r.repeat))
     for run in runs:
-        record(client, run, digest="1" * 32, envs=[env_record(r) for r in range(2)])
+        record(client, run.id, digest="1" * 32, envs=[env_record(r) for r in range(2)])
     report = why(client, f"/api/v1/jobs/{job.id}/why?a={runs[0].id}&b={runs[1].id}")
     assert (report["run_a"], report["run_b"], report["verdict"]) == (runs[0].id, runs[1].id, "identical")
     assert "this pair is identical" in report["note"]
