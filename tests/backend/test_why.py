@@ -136,7 +136,7 @@ def test_without_a_diagnosis_job_the_items_are_not_checked_with_the_form_prefill
     report = why(client, f"/api/v1/jobs/{job.id}/why")
     for key, kind in (("ops", "op-audit"), ("batch", "batch-invariance")):
         assert item(report, key)["status"] == "not-checked"
-        assert item(report, key)["evidence"] == [{"text": f"run a {kind} of mlp",
+        assert item(report, key)["evidence"] == [{"text": f"new {kind} job of mlp",
                                                   "href": f"/?kind={kind}&workload=mlp"}]
 
 

@@ -169,7 +169,7 @@ def audit_config(*ops: tuple[str, bool | None], index: int = 0, device: str = "c
 def test_no_op_audit_is_not_checked_with_the_form_prefilled() -> None:
     found = item(pair(), "ops")
     assert found["status"] == "not-checked" and "no finished op-audit job of workload mlp" in found["found"]
-    assert found["evidence"] == [{"text": "run a op-audit of mlp", "href": "/?kind=op-audit&workload=mlp"}]
+    assert found["evidence"] == [{"text": "new op-audit job of mlp", "href": "/?kind=op-audit&workload=mlp"}]
 
 
 def test_a_nondeterministic_op_fails_naming_it_its_config_and_device() -> None:

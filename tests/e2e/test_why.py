@@ -97,7 +97,7 @@ def test_a_diverged_jobs_page_shows_the_checklist_and_its_evidence_opens(embedde
         assert {e["effective_env"]["NCCL_ALGO"] for e in shown} == {"Tree"} and len(shown) == 2
         page.goto(f"{embedded.url}/compare?a={cmp['run_a']}&b={cmp['run_b']}")
         expect(page.locator("#why li[data-key=env]")).to_have_attribute("data-status", "fail", timeout=30_000)
-        page.locator("#why li[data-key=ops]").get_by_role("link", name="run a op-audit of mlp").click()
+        page.locator("#why li[data-key=ops]").get_by_role("link", name="new op-audit job of mlp").click()
         page.wait_for_url("**/?kind=op-audit&workload=mlp")
         expect(page.locator("#rerun-note")).to_be_visible()
         expect(page.locator("#workload")).to_have_value("mlp")

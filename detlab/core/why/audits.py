@@ -16,7 +16,7 @@ AUDIT_COLUMNS = ["finding", "evidence"]
 def _not_run(data: WhyInput, key: str, title: str, kind: str) -> Item:
     workload = data.a.workload
     return Item(key, title, NOT_CHECKED, f"not checked: no finished {kind} job of workload {workload}",
-                [link(f"run a {kind} of {workload}", submit_form(kind, workload))], columns=AUDIT_COLUMNS)
+                [link(f"new {kind} job of {workload}", submit_form(kind, workload))], columns=AUDIT_COLUMNS)
 
 
 def _config_hash(audit: AuditJob, config: dict[str, Any]) -> str | None:
@@ -58,7 +58,7 @@ def _elsewhere(data: WhyInput, key: str, title: str, audit: AuditJob, chosen: li
     return Item(key, title, NOT_CHECKED, f"not checked on the runs' device: the latest {audit.kind} (job "
                 f"#{audit.job_id}) measured {shown(ran)}; the runs ran on {shown(devices)}",
                 [link(f"{audit.kind} job #{audit.job_id}", job_page(audit.job_id)),
-                 link(f"run a {audit.kind} of {data.a.workload}", submit_form(audit.kind, data.a.workload))],
+                 link(f"new {audit.kind} job of {data.a.workload}", submit_form(audit.kind, data.a.workload))],
                 columns=AUDIT_COLUMNS, source=_source(audit, chosen, False))
 
 
