@@ -400,3 +400,60 @@ class PairResult(Comparison):
     verdict: str
     runs: list[RunBrief]
     tensors: int  # recorded by run A
+
+
+class RankEnvRead(BaseModel):
+    """GET /runs/{id}/envs: one rank's recorded stack, environment and torch flags in effect."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    rank: int
+    host: str | None
+    device: str | None
+    driver: str | None
+    cuda: str | None
+    hip: str | None
+    torch: str | None
+    nccl: str | None
+    backend: str | None
+    effective_env: dict[str, Any]
+    torch_flags: dict[str, Any]
+
+
+class WhyLink(BaseModel):
+    text: str
+    href: str  # a page or API path on this server
+
+
+class WhyDetail(BaseModel):
+    key: str | None
+    where: str
+    a: str
+    b: str
+
+
+class WhyItem(BaseModel):
+    """One step of the checklist (detlab.core.why): its status, one line of what was found, the evidence."""
+
+    step: int
+    key: Literal["logs", "env", "ops", "stack", "batch"]
+    title: str
+    status: Literal["pass", "fail", "not-checked", "not-applicable"]
+    found: str
+    evidence: list[WhyLink]  # the first is the main one
+    details: list[WhyDetail]  # the differences, at most 20 (`differences` counts them all)
+    differences: int
+    columns: list[str]  # what the details' `a` and `b` hold
+    source: dict[str, Any] | None  # an audit item's evidence: job, kind, configs, devices, same_config
+
+
+class WhyReport(BaseModel):
+    """GET /jobs/{id}/why and /compare/why: why two runs may part, in the order engineers debug it."""
+
+    run_a: int
+    run_b: int
+    job_id: int | None  # the job whose page shows this pair; null: the compare page does
+    verdict: str | None
+    first_divergent_step: int | None
+    note: str | None  # set when the pair did not diverge: the checklist is for divergences
+    items: list[WhyItem]

@@ -628,6 +628,26 @@ def _remote_pair(a: int, b: int, server: str) -> tuple[dict[str, Any], int, int]
     return result, int(result.get("tensors", 0)), int(result["runs"][0]["world_size"])
 
 @app.command()
+def why(
+    job: Annotated[int, typer.Argument(help="a train job's id")],
+    pair: Annotated[str | None, typer.Option(help="two run ids of the job, I,J (default: the pair its verdict "
+                                                  "is about)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report's JSON")] = False,
+    server: Server = "http://127.0.0.1:8000",
+) -> None:
+    """Why two runs of a train job may part: the checklist in the order to debug it (logs, env parity,
+    nondeterministic ops, stack and topology, batch invariance), ✓ pass, ✗ fail, ? not checked, - not
+    applicable, each with its evidence. Exit 0 with the report, 2 on any error."""
+    from detlab import cli_why
+
+    try:
+        report = cli_why.fetch(server.rstrip("/"), job, cli_why.parse_pair(pair), _auth_headers(), _detail)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(report) if as_json else "\n".join(cli_why.text(report, server.rstrip("/"))))
+
+
+@app.command()
 def upload(
     out: Annotated[Path, typer.Argument(help="a recording directory, written by detlab.Recorder(out=...)")],
     server: Server = "http://127.0.0.1:8000",

@@ -12,7 +12,8 @@ from sqlalchemy.orm import selectinload
 from detlab.backend.api.deps import Limit, Offset, SessionDep
 from detlab.backend.models import Config, Job, JobTag, Run
 from detlab.backend.reports import pair
-from detlab.backend.schemas import PairResult, RunsFound
+from detlab.backend.schemas import PairResult, RunsFound, WhyReport
+from detlab.backend.services import why
 from detlab.core.text import StorableText
 from detlab.core.wire import INT32, Tag
 
@@ -54,10 +55,26 @@ def find_runs(session: SessionDep, q: Annotated[StorableText | None, Query(max_l
 def compare_two(a: RunQuery, b: RunQuery, session: SessionDep) -> dict[str, Any]:
     """Run A against run B, whatever jobs they belong to: the verdict, the first divergent step, tensors and
     ranks, what is missing, their configs and stacks side by side."""
+    run_a, run_b = _training_runs(session, a, b)
+    return pair.build(session=session, run_a=run_a, run_b=run_b)
+
+
+@router.get("/compare/why", response_model=WhyReport)
+def compare_why(a: RunQuery, b: RunQuery, session: SessionDep) -> dict[str, Any]:
+    """Why run A and run B may part: the checklist of GET /jobs/{id}/why for any two training runs."""
+    run_a, run_b = _training_runs(session, a, b)
+    found = pair.build(session=session, run_a=run_a, run_b=run_b)
+    report = why.build(session=session, run_a=run_a, run_b=run_b, verdict=found["verdict"],
+                       first_divergent_step=found.get("first_divergent_step"), job_id=None)
+    session.commit()  # an audit job finished before results were stored has had its result stored
+    return report
+
+
+def _training_runs(session: SessionDep, a: int, b: int) -> tuple[Run, Run]:
     found = {r.id: r for r in session.scalars(select(Run).where(Run.id.in_([a, b])))}
     for run_id in (a, b):
         if run_id not in found:
             raise HTTPException(404, f"no run {run_id}")
         if found[run_id].job.workload == "collective":
             raise HTTPException(422, f"run {run_id} is a collective run: its job's page compares its cells")
-    return pair.build(session=session, run_a=found[a], run_b=found[b])
+    return found[a], found[b]

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from detlab.backend.api.deps import CurrentUser, JobId, RankPath, RunId, SessionDep, SettingsDep
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import train as train_figures
-from detlab.backend.models import FINISHED, CommLog, Job, Run, utcnow
+from detlab.backend.models import FINISHED, CommLog, Job, RankEnv, Run, utcnow
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import (
     CollectiveFigures,
@@ -27,10 +27,12 @@ from detlab.backend.schemas import (
     JobUpdate,
     LogDiff,
     PlotlyFigure,
+    RankEnvRead,
     RunRead,
     TrainResult,
+    WhyReport,
 )
-from detlab.backend.services import cache, cancel, idempotency, job_list, jobs
+from detlab.backend.services import cache, cancel, idempotency, job_list, jobs, why
 from detlab.backend.services.dispatch import send, undispatch
 from detlab.backend.services.settle import is_collective, job_result
 from detlab.backend.services.workers import queue_state
@@ -243,7 +245,35 @@ def read_collective_figures(job_id: JobId, session: SessionDep) -> dict[str, dic
     return collective_figures.collective_figures(_result(job_id, session, collective=True))
 
 
+PairRun = Annotated[int | None, Query(ge=1, le=INT32, description="a run of the job (give a and b, or neither)")]
+
+
+@router.get("/{job_id}/why", response_model=WhyReport)
+def read_why(job_id: JobId, session: SessionDep, a: PairRun = None, b: PairRun = None) -> dict[str, Any]:
+    """Why two runs of the job may part: a checklist in the order engineers debug it (logs, env parity,
+    nondeterministic ops, stack and topology, batch invariance), each item with its evidence. By default the
+    pair the job's verdict is about."""
+    try:
+        report = why.for_job(session=session, job=_job_or_404(session, job_id), a=a, b=b)
+    except why.BadPair as exc:
+        raise HTTPException(422, str(exc)) from exc
+    except why.NoPair as exc:
+        raise HTTPException(404, str(exc)) from exc
+    session.commit()  # an audit job finished before results were stored has had its result stored
+    return report
+
+
 runs_router = APIRouter(prefix="/api/v1/runs", tags=["runs"])
+
+
+@runs_router.get("/{run_id}/envs", response_model=list[RankEnvRead])
+def read_rank_envs(run_id: RunId, session: SessionDep) -> list[RankEnvRead]:
+    """Each rank's recorded stack, environment variables and torch flags in effect (the why-report's evidence
+    for env parity)."""
+    if session.get(Run, run_id) is None:
+        raise HTTPException(404, f"no run {run_id}")
+    envs = session.scalars(select(RankEnv).where(RankEnv.run_id == run_id).order_by(RankEnv.rank))
+    return [RankEnvRead.model_validate(e) for e in envs]
 
 
 @runs_router.post("/{run_id}/cancel", response_model=RunRead,

@@ -175,6 +175,45 @@ window.detlab = (() => {
     return { ok: response.ok, status: response.status, body, lines };
   }
 
+  // ---- the why-report (GET .../why): a checklist in the order to debug a divergence ------------------
+
+  const WHY_MARKS = { pass: "✓", fail: "✗", "not-checked": "?", "not-applicable": "–" };
+  const WHY_WORDS = { pass: "pass", fail: "fail", "not-checked": "not checked", "not-applicable": "not applicable" };
+
+  function whyDetails(item) {
+    const shownCount = item.details.length;
+    const more = item.differences > shownCount ? `, the first ${shownCount} shown` : "";
+    const head = el("tr", {}, ...["", "where", ...item.columns].map((text) => el("th", { text })));
+    const rows = item.details.map((d) => el("tr", {}, el("td", {}, el("code", { text: d.key ?? "" })),
+      el("td", { text: d.where }), el("td", { text: d.a }), el("td", { text: d.b })));
+    return el("details", { className: "why-details" },
+      el("summary", { text: `${item.differences} ${item.differences === 1 ? "difference" : "differences"}${more}` }),
+      el("div", { className: "scroll" }, el("table", { className: "data" }, el("thead", {}, head), el("tbody", {}, ...rows))));
+  }
+
+  function whyItem(item) {
+    const links = [];
+    for (const link of item.evidence) {
+      if (links.length) links.push(" · ");
+      links.push(el("a", { href: link.href, className: "why-link", text: link.text }));
+    }
+    return el("li", { className: `why-item why-${item.status}`, "data-key": item.key, "data-status": item.status },
+      el("div", { className: "why-head" },
+        el("span", { className: "why-mark", "aria-hidden": "true", text: WHY_MARKS[item.status] || "?" }),
+        el("strong", { text: item.title }),
+        el("span", { className: "why-status", text: WHY_WORDS[item.status] || item.status })),
+      el("div", { className: "why-found", text: item.found }),
+      links.length ? el("div", { className: "why-evidence muted small" }, "evidence: ", ...links) : null,
+      item.details.length ? whyDetails(item) : null);
+  }
+
+  // The checklist into `container`: a note when the pair did not diverge, then one item per step.
+  function renderWhy(container, report) {
+    container.replaceChildren(
+      report.note ? el("p", { className: "note", text: report.note }) : "",
+      el("ol", { className: "why-list" }, ...report.items.map(whyItem)));
+  }
+
   // ---- the navigation every page shares --------------------------------------------------------
 
   const NAV = [["/jobs", "jobs"], ["/", "new job"], ["/compare", "compare runs"], ["/findings", "findings"]];
@@ -199,7 +238,7 @@ window.detlab = (() => {
   return {
     API, $, HttpError, el, getJSON, sendJSON, formatDetail, setRows, sleep, meta,
     humanBytes, pct, formatTime, configLabel, worldSizes, jobConfigName, jobConfigLabel, badge, reproBadge,
-    summaryConfigNames, listVerdict, tagChips, parseTags,
+    summaryConfigNames, listVerdict, tagChips, parseTags, renderWhy,
   };
 })();
 

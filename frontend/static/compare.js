@@ -1,7 +1,7 @@
 // The compare page: find runs (GET /api/v1/runs), pick A and B, show GET /api/v1/compare?a=&b=.
 (() => {
   "use strict";
-  const { API, $, el, getJSON, setRows, formatTime, badge, tagChips } = window.detlab;
+  const { API, $, el, getJSON, setRows, formatTime, badge, tagChips, renderWhy } = window.detlab;
 
   const params = new URLSearchParams(window.location.search);
   const picked = { a: Number(params.get("a")) || null, b: Number(params.get("b")) || null };
@@ -85,6 +85,13 @@
     } catch (err) {
       $("banner").className = "banner";
       $("banner").replaceChildren(el("p", { text: `could not compare: ${err.message}` }));
+      return;
+    }
+    $("why-block").hidden = false;
+    try {
+      renderWhy($("why"), await getJSON(`${API}/compare/why?a=${picked.a}&b=${picked.b}`));
+    } catch (err) {
+      $("why").replaceChildren(el("p", { className: "muted", text: `The checklist could not be loaded: ${err.message}` }));
     }
   }
 

@@ -490,8 +490,27 @@
       syncPanel(side, false);
     }
 
-    const rerun = new URLSearchParams(window.location.search).get("rerun");
+    const params = new URLSearchParams(window.location.search);
+    const rerun = params.get("rerun");
     if (rerun && /^\d+$/.test(rerun)) await prefill(rerun);
+    else if (params.has("kind")) prefillKind(params.get("kind"), params.get("workload"));
+  }
+
+  // ?kind=K&workload=W (the why-report's "run a … of W" links): the form set to that kind and workload.
+  function prefillKind(kind, workload) {
+    const offered = [...$("kind").options].some((option) => option.value === kind);
+    if (offered) {
+      $("kind").value = kind;
+      syncKind();
+    }
+    if (workload && workloads.has(workload)) {
+      $("workload").value = workload;
+      $("workload").dispatchEvent(new Event("change"));
+    }
+    const note = $("rerun-note");
+    note.textContent = offered ? `A ${kind} job of ${workload || "a workload"}: check the rest, then submit.`
+      : `This form cannot submit ${kind} jobs here; pick another kind.`;
+    note.hidden = false;
   }
 
   init();

@@ -4,7 +4,7 @@
 "use strict";
 
 (function () {
-  const { API, $, el, getJSON, setRows, pct, jobConfigName } = window.detlab;
+  const { API, $, el, getJSON, setRows, pct, jobConfigName, renderWhy } = window.detlab;
   const { register, showNoResult, showVerdict, jobConfigLabel, fetchResult, plot } = window.detlab.job;
 
   function describe(job) {
@@ -246,6 +246,18 @@
     }
   }
 
+  // The why-report of the pair the verdict is about (GET /jobs/{id}/why): any job with two runs has one.
+  async function loadWhy(job) {
+    const block = $("why-block");
+    block.hidden = (job.runs || []).length < 2;
+    if (block.hidden) return;
+    try {
+      renderWhy($("why"), await getJSON(`${API}/jobs/${job.id}/why`));
+    } catch (err) {
+      $("why").replaceChildren(el("p", { className: "muted", text: `The checklist could not be loaded: ${err.message}` }));
+    }
+  }
+
   async function load(job) {
     let cmp;
     try {
@@ -267,6 +279,7 @@
     $("verdict").hidden = !pairwise;
     $("note").hidden = true;
     if (pairwise) renderFacts(cmp);
+    await loadWhy(job);
     renderConfigDiff(job, cmp);
     renderEnvironment(cmp);
     renderMismatches(job, cmp);
@@ -274,6 +287,8 @@
     renderReproducibility(job, cmp);
     if (pairwise) await drawChart(job.id, cmp);
     if (pairwise) await drawDivergenceMap(job.id, cmp);
+    // An evidence link into this page (#environment, ...) names a table shown only now.
+    if (window.location.hash) document.getElementById(window.location.hash.slice(1))?.scrollIntoView();
   }
 
   register(["train"], { runsHead: "Steps", describe, load });

@@ -70,7 +70,7 @@ def test_an_offset_past_the_jobs_is_an_empty_page(client: TestClient) -> None:
 READS = ["/api/v1/jobs/{id}", "/api/v1/jobs/{id}/comparison", "/api/v1/jobs/{id}/comparison/figure",
          "/api/v1/jobs/{id}/throughput/figure", "/api/v1/jobs/{id}/collective", "/api/v1/jobs/{id}/collective/figures",
          "/api/v1/runs/{id}/logdiff/1", "/api/v1/runs/1/logdiff/{id}", "/api/v1/runs/{id}/commlog/0",
-         "/api/v1/runs/1/commlog/{id}"]
+         "/api/v1/runs/1/commlog/{id}", "/api/v1/jobs/{id}/why", "/api/v1/runs/{id}/envs"]
 
 
 @pytest.mark.parametrize("path", READS)
