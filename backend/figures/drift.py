@@ -40,7 +40,7 @@ def drift_figure(comparison: dict[str, Any]) -> dict[str, Any]:
         return _as_dict(fig)
     steps, values = _series(drift.get("points"))
     level, dtype = drift.get("rounding_level"), drift.get("dtype")
-    axis, floor = _log_axis(values, [level] if _finite(level) else [])
+    axis, floor = _log_axis(values, [float(level)] if level is not None and _finite(level) else [])
     shown = [v if v > 0 else floor for v in values]
     fig.add_trace(go.Scatter(x=steps, y=shown, name=DISTANCE, mode="lines+markers", line={"color": COLOR_DISTANCE},
                              customdata=values, hovertemplate="step %{x}: %{customdata:.3g}<extra></extra>"),

@@ -64,6 +64,14 @@ def _distance(x: Any, y: Any) -> float | None:
     return sketch.relative_distance(x.stats, x.sketch, y.sketch)
 
 
+def _pairs(a: RunData, b: RunData, step: int, ranks: list[int] | None) -> list[tuple[int | None, Any, Any]]:
+    """The records compared at a step: rank by rank, or (rank consensus) each run's lowest rank."""
+    if ranks is not None:
+        return [(r, a.records.get((step, r)), b.records.get((step, r))) for r in ranks]
+    x, y = a.at(step, a.ranks()), b.at(step, b.ranks())
+    return [(None, x[0] if x else None, y[0] if y else None)]
+
+
 def _text(value: float) -> str:
     return f"{value:.2g}" if value else "0"
 
@@ -99,11 +107,8 @@ def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
     loss_delta: list[list[float]] = []
     steps = steps_to_load(a, b)
     for step in steps:
-        pairs = ([(r, a.records.get((step, r)), b.records.get((step, r))) for r in ranks] if ranks is not None
-                 else [(None, a.at(step, a.ranks())[:1] or [None], b.at(step, b.ranks())[:1] or [None])])
         found: list[tuple[int | None, float]] = []
-        for rank, x, y in pairs:
-            x, y = (x[0], y[0]) if isinstance(x, list) else (x, y)
+        for rank, x, y in _pairs(a, b, step, ranks):
             if x is not None and y is not None and (value := _distance(x, y)) is not None:
                 found.append((rank, value))
         if not found:

@@ -45,7 +45,7 @@ RELATIVE_ERROR = math.sqrt(2 / K)  # of one tensor's distance estimate (one stan
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
-def mix64(x: np.ndarray) -> np.ndarray:
+def mix64(x: np.ndarray | np.uint64) -> np.ndarray:
     """splitmix64's finaliser on uint64 (wrapping arithmetic)."""
     z = np.asarray(x, dtype=np.uint64)
     with np.errstate(over="ignore"):
