@@ -1,9 +1,9 @@
 """Per-tensor statistics and count sketches (detlab.core.sketch, `cs1`) of a tensor list, where it lives.
 
 One pass over the list per device, batched: the tensors are copied, in chunks of at most CHUNK_ROWS rows of
-sketch.COLUMNS elements, into one float64 scratch matrix (one fused `_foreach_copy_` per chunk, each tensor's
-last row padded with zeros); one matrix product with the signed one-hot column map gives every row's K bucket
-sums and its plain sum, a norm gives its sum of squares and its max |x|. Rows are then rotated and signed by
+sketch.COLUMNS elements, into one float64 scratch matrix (one fused `_foreach_copy_` per chunk; only each
+tensor's last row is padded with zeros); one matrix product with the signed one-hot column map gives every
+row's K bucket sums and its plain sum, a norm gives its sum of squares and its max |x|. Rows are then rotated and signed by
 their row map and added up per tensor (index_add_, deterministic under torch's deterministic mode; otherwise
 its float64 atomics reorder additions at the 1e-16 level, far below what the sketch measures, and two runs
 whose digests are equal are known to be at distance 0 regardless).
@@ -94,11 +94,15 @@ def compute(plan: _Plan, tensors: Sequence[torch.Tensor], device: torch.device) 
         return torch.zeros((plan.tensors, sketch.STATS + sketch.K), dtype=torch.float64, device=device)
     scratch = torch.empty((max(n for n, _ in plan.chunks), sketch.COLUMNS), dtype=torch.float64, device=device)
     sums, squares, peaks = [], [], []
+    C = sketch.COLUMNS  # noqa: N806
     for n, pieces in plan.chunks:
         part = scratch[:n]
-        part.zero_()  # the padding of each tensor's last row
         flat = part.view(-1)
-        torch._foreach_copy_([flat[r * sketch.COLUMNS : r * sketch.COLUMNS + hi - lo] for t, lo, hi, r in pieces],
+        # Only the padding of a tensor's last row needs zeros: the data overwrite the rest of the scratch.
+        tails = [flat[r * C + hi - lo : (r + -(-(hi - lo) // C)) * C] for _, lo, hi, r in pieces if (hi - lo) % C]
+        if tails:
+            torch._foreach_zero_(tails)
+        torch._foreach_copy_([flat[r * C : r * C + hi - lo] for t, lo, hi, r in pieces],
                              [flats[t][lo:hi] for t, lo, hi, _ in pieces])
         sums.append(part @ plan.columns)  # [n, K + 1]
         squares.append(torch.linalg.vector_norm(part, 2, dim=1).square())
