@@ -129,7 +129,8 @@ def checks(model_params: list[torch.Tensor], device: torch.device) -> dict[str, 
     sa, sb = sketch.unpack_stats(here[0]), sketch.unpack_stats(cpu[0])
     tiny = 1e-300
     return {"device_passes_bit_equal": here == again,
-            "max_sketch_difference_vs_cpu_relative_to_norm": float(np.max(np.abs(a - b) / np.maximum(sb[:, 1:2], tiny))),
+            "max_sketch_difference_vs_cpu_relative_to_norm":
+                float(np.max(np.abs(a - b) / np.maximum(sb[:, 1:2], tiny))),
             "stats_max_relative_difference_vs_cpu": float(np.max(np.abs(sa - sb) / np.maximum(np.abs(sb), tiny)))}
 
 
