@@ -4,9 +4,9 @@ One pass over the list per device, batched: the tensors are copied, in chunks of
 sketch.COLUMNS elements, into one float64 scratch matrix (one fused `_foreach_copy_` per chunk; only each
 tensor's last row is padded with zeros); one matrix product with the signed one-hot column map gives every
 row's K bucket sums and its plain sum, a norm gives its sum of squares and its max |x|. Rows are then rotated
-and signed by their row map and added up per tensor (index_add_, deterministic under torch's deterministic mode; otherwise
-its float64 atomics reorder additions at the 1e-16 level, far below what the sketch measures, and two runs
-whose digests are equal are known to be at distance 0 regardless).
+and signed by their row map and added up per tensor (index_add_, deterministic under torch's deterministic
+mode; otherwise its float64 atomics reorder additions at the 1e-16 level, far below what the sketch measures,
+and two runs whose digests are equal are known to be at distance 0 regardless).
 
 Nothing waits for the device: `Sketcher.submit` queues the work on the current stream and a copy of the
 results to pinned host memory, and returns a function that waits for that copy alone (as detlab.sdk.digests).
