@@ -541,10 +541,11 @@ def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list
     lines += [f"  missing: {m}" for m in result["missing"]]
     if result["reason"]:
         lines.append(f"  note: {result['reason']}")
+    lines += _replica_text(result.get("replica_disagreements") or [])
     if verdict == "diverged" and (drift := result.get("drift")):
         lines.append(f"  drift (‖A−B‖/‖A‖, estimated): {drift['verdict']}" if drift.get("available")
                      else f"  drift: not estimated: {drift.get('reason')}")
-    return lines + _replica_text(result.get("replica_disagreements") or [])
+    return lines
 
 
 def _check_replicas(a: Path, as_json: bool) -> int:
