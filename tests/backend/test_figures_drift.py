@@ -10,7 +10,8 @@ from detlab.backend.figures.drift import DISTANCE, ROUNDING, drift_figure
 
 def comparison(**drift: Any) -> dict[str, Any]:
     return {"drift": {"available": True, "points": [[0, 0.0], [1, 2e-8], [2, 3e-6]],
-                      "loss_delta": [[1, 0.0], [2, 1e-5]], "rounding_level": 2.0**-7, "dtype": "bfloat16", "verdict": "grows to 3e-06 by step 2", "k": 16,
+                      "loss_delta": [[1, 0.0], [2, 1e-5]], "rounding_level": 2.0**-7, "dtype": "bfloat16",
+                      "verdict": "grows to 3e-06 by step 2", "k": 16,
                       "relative_error": 0.35, **drift}}
 
 
