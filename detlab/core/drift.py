@@ -21,6 +21,7 @@ POINTS = 200
 # A distance up to this many ulps (relative) of the dominant dtype is rounding: one ulp per element gives
 # about one, a few steps of training amplify it a little, and the estimate itself is ±sqrt(2/K) (35 %).
 ROUNDING_ULPS = 4
+MAX_RANKS = 8  # per-rank series kept in a result (the furthest apart)
 
 
 def recorded(run: RunData) -> list[int]:
@@ -92,8 +93,8 @@ def _verdict(points: list[list[float]], level: tuple[str, float] | None, sampled
 
 def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
     """The drift between two comparable runs, from the statistics loaded in their records: `points` per step
-    (the worst rank's estimate of ‖A−B‖/‖A‖), `ranks` per rank where they differ, `loss_delta`, the dtype's
-    rounding level and the verdict text. `available` False says why (never a made-up zero)."""
+    (the worst rank's estimate of ‖A−B‖/‖A‖), `ranks` per rank where they differ (the MAX_RANKS furthest
+    apart), `loss_delta`, the dtype's rounding level and the verdict text. `available` False says why (never a made-up zero)."""
     from detlab.core.train import mean_loss
 
     reason = _unavailable(a, b)
@@ -123,6 +124,9 @@ def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
     if not points:
         return {**base, "available": False, "reason": "no step holds statistics of both runs on a common rank"}
     same_ranks = len({tuple(v for _, v in series) for series in by_rank.values()}) <= 1
+    if len(by_rank) > MAX_RANKS:  # the ranks that drift furthest: a 1024-rank run stays a small result
+        worst = sorted(by_rank, key=lambda r: -max(v for _, v in by_rank[r]))[:MAX_RANKS]
+        by_rank = {r: by_rank[r] for r in sorted(worst, key=int)}
     sampled = len(steps) < len(set(recorded(a)) & set(recorded(b)))
     peak_step, peak = max(points, key=lambda p: (p[1], -p[0]))
     return {**base, "available": True, "reason": None, "points": points,

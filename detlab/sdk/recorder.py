@@ -210,7 +210,7 @@ class Recorder:
             raise ValueError(f"rec.grads({step}, model): no parameter has a gradient; call it after "
                              "loss.backward() and before optimizer.step() / zero_grad()")
         kept = self._filter(found)
-        sketched = self._sketcher.submit([t for _, t in kept]) if self._sketcher else None
+        sketched = self._sketcher.submit(named_tensors.local([t for _, t in kept])) if self._sketcher else None
         self._grad_pending = (step, kept, self._digester.submit([t for _, t in kept]), sketched)
 
     def step(self, step: int, model: torch.nn.Module, *, loss: Any = None) -> None:
@@ -241,7 +241,7 @@ class Recorder:
             self._grad_pending = None
         self._check_tensors(step, recorded)
         # Queued on the device now, read on the writer thread: the loop never waits for them.
-        sketched = self._sketcher.submit([t for _, t in state]) if self._sketcher else None
+        sketched = self._sketcher.submit(named_tensors.local([t for _, t in state])) if self._sketcher else None
         digests = self._digester.submit([t for _, t in state])
         read_loss = read_scalar(loss)
         rank = self._who.rank

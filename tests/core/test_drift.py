@@ -76,3 +76,12 @@ def test_ranks_that_drift_differently_are_shown_apart() -> None:
     found = compare_runs(a, b)["drift"]
     assert found["points"][1][1] > 0 and set(found["ranks"]) == {"0", "1"}
     assert found["ranks"]["0"][1][1] == 0.0 and found["ranks"]["1"][1][1] == found["points"][1][1]
+
+
+def test_many_ranks_keep_the_series_of_the_furthest_apart_only() -> None:
+    ranks = drift.MAX_RANKS + 4
+    a, b = run(1, {0: 0, 1: 0}, ranks=ranks), run(2, {0: 0, 1: 0}, ranks=ranks)
+    for rank in range(ranks):
+        b.records[(1, rank)] = step_data(params(1, 1e-6 * (rank + 1)), f"fp2:other{rank}")
+    kept = compare_runs(a, b)["drift"]["ranks"]
+    assert list(kept) == [str(r) for r in range(4, ranks)]
