@@ -94,7 +94,8 @@ def _verdict(points: list[list[float]], level: tuple[str, float] | None, sampled
 def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
     """The drift between two comparable runs, from the statistics loaded in their records: `points` per step
     (the worst rank's estimate of ‖A−B‖/‖A‖), `ranks` per rank where they differ (the MAX_RANKS furthest
-    apart), `loss_delta`, the dtype's rounding level and the verdict text. `available` False says why (never a made-up zero)."""
+    apart), `loss_delta`, the dtype's rounding level and the verdict text. `available` False says why (never
+    a made-up zero)."""
     from detlab.core.train import mean_loss
 
     reason = _unavailable(a, b)
