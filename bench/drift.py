@@ -19,6 +19,7 @@ GPT-2-small (124M parameters, fp32 weights, bf16 autocast) is built from a confi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -41,7 +42,8 @@ MODES = ("baseline", "digests", "drift")
 
 def gpt2(layers: int, embd: int, heads: int, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=embd, n_head=heads, n_positions=1024)).to(device)
+    model: torch.nn.Module = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=embd, n_head=heads, n_positions=1024))
+    return model.to(device)
 
 
 class Clock:
@@ -97,7 +99,7 @@ def training(args: argparse.Namespace, device: torch.device, out: Path) -> dict[
         block(mode, 3)
     for r in range(args.rounds):
         for mode in (MODES if r % 2 == 0 else tuple(reversed(MODES))):
-            times[mode].append(clock.time(lambda mode=mode: block(mode, args.block)) / args.block)
+            times[mode].append(clock.time(functools.partial(block, mode, args.block)) / args.block)
     for rec in recorders.values():
         rec.close()
     base, digests, drift = (statistics.median(times[m]) for m in MODES)

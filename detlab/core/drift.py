@@ -37,23 +37,27 @@ def sample(steps: list[int], points: int = POINTS) -> list[int]:
     return sorted({steps[round(i * stride)] for i in range(points)})
 
 
+def _common(a: RunData, b: RunData) -> list[int]:
+    return sorted(set(recorded(a)) & set(recorded(b)))
+
+
 def steps_to_load(a: RunData, b: RunData) -> list[int]:
     """The steps whose statistics the comparison estimates (and a loader must fill in)."""
-    return sample(sorted(set(recorded(a)) & set(recorded(b))))
+    return sample(_common(a, b))
 
 
-def _unavailable(a: RunData, b: RunData) -> str | None:
+def _unavailable(a: RunData, b: RunData, common: list[int]) -> str | None:
+    if common:
+        versions = {d.drift_version for run in (a, b) for d in run.records.values() if d.drift_version is not None}
+        if len(versions) > 1:
+            return f"the runs' sketches are of different versions ({', '.join(sorted(versions))}) and do not compare"
+        return None
     lacking = [run.run_id for run in (a, b) if not recorded(run)]
     if lacking:
         who = " and ".join(f"run {r}" for r in lacking)
         return (f"{who} recorded no parameter statistics (recorded before detlab took them, with drift=False, "
                 "or every step held a NaN or an infinity): no distance can be estimated")
-    versions = {d.drift_version for run in (a, b) for d in run.records.values() if d.drift_version is not None}
-    if len(versions) > 1:
-        return f"the runs' sketches are of different versions ({', '.join(sorted(versions))}) and do not compare"
-    if not steps_to_load(a, b):
-        return "the runs share no step that both recorded with statistics"
-    return None
+    return "the runs share no step that both recorded with statistics"
 
 
 def _distance(x: Any, y: Any) -> float | None:
@@ -98,7 +102,8 @@ def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
     a made-up zero)."""
     from detlab.core.train import mean_loss
 
-    reason = _unavailable(a, b)
+    common = _common(a, b)
+    reason = _unavailable(a, b, common)
     base = {"version": sketch.VERSION, "k": sketch.K, "relative_error": sketch.RELATIVE_ERROR}
     if reason:
         return {**base, "available": False, "reason": reason}
@@ -107,7 +112,7 @@ def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
     points: list[list[float]] = []
     by_rank: dict[str, list[list[float]]] = {}
     loss_delta: list[list[float]] = []
-    steps = steps_to_load(a, b)
+    steps = sample(common)
     for step in steps:
         found: list[tuple[int | None, float]] = []
         for rank, x, y in _pairs(a, b, step, ranks):
@@ -128,7 +133,7 @@ def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
     if len(by_rank) > MAX_RANKS:  # the ranks that drift furthest: a 1024-rank run stays a small result
         worst = sorted(by_rank, key=lambda r: -max(v for _, v in by_rank[r]))[:MAX_RANKS]
         by_rank = {r: by_rank[r] for r in sorted(worst, key=int)}
-    sampled = len(steps) < len(set(recorded(a)) & set(recorded(b)))
+    sampled = len(steps) < len(common)
     peak_step, peak = max(points, key=lambda p: (p[1], -p[0]))
     return {**base, "available": True, "reason": None, "points": points,
             "ranks": {} if same_ranks else by_rank, "loss_delta": loss_delta,
