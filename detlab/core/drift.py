@@ -56,7 +56,8 @@ def _unavailable(a: RunData, b: RunData, common: list[int]) -> str | None:
     if lacking:
         who = " and ".join(f"run {r}" for r in lacking)
         return (f"{who} recorded no parameter statistics (recorded before detlab took them, with drift=False, "
-                "or every step held a NaN or an infinity): no distance can be estimated")
+                f"with more than {sketch.MAX_TENSORS} tensors, or every step held a NaN or an infinity): "
+                "no distance can be estimated")
     return "the runs share no step that both recorded with statistics"
 
 

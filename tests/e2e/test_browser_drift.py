@@ -3,11 +3,13 @@ axis beside |Δloss|, with the float32 rounding level drawn across, and say whet
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from tests.e2e.conftest import Stack
-from tests.e2e.test_browser import ARGS, CHROMIUM
+from tests.e2e.test_browser import ARGS, CHROMIUM, screenshot_dir
 
 pytestmark = pytest.mark.browser
 
@@ -17,7 +19,8 @@ def chart_traces(page: Page, target: str) -> list[str]:
     return page.eval_on_selector(f"#{target}", "el => el.data.map(t => t.name)")
 
 
-def test_the_drift_chart_appears_with_the_rounding_level_on_the_job_and_compare_pages(embedded: Stack) -> None:
+def test_the_drift_chart_appears_with_the_rounding_level_on_the_job_and_compare_pages(embedded: Stack,
+                                                                                      tmp_path: Path) -> None:
     # Two world sizes: another reduction order, so the runs part at rounding level and the drift is measured.
     job = embedded.submit({"workload": "mlp", "steps": 4, "world_size": 2,
                            "configs": [{"preset": "default"}, {"preset": "default", "name": "four", "world_size": 4}]})
@@ -36,6 +39,7 @@ def test_the_drift_chart_appears_with_the_rounding_level_on_the_job_and_compare_
         expect(page.locator("#drift-verdict")).to_contain_text(cmp["drift"]["verdict"])
         axis = page.eval_on_selector("#drift-chart", "el => el.layout.yaxis.type")
         assert axis == "log"
+        page.locator("#drift-chart").screenshot(path=str(screenshot_dir(tmp_path) / "drift-job.png"))
         runs = sorted(done["runs"], key=lambda r: r["config_index"])
         page.goto(f"{embedded.url}/compare?a={runs[0]['id']}&b={runs[1]['id']}")
         expect(page.locator("#banner .badge")).to_have_text("diverged", timeout=30_000)
