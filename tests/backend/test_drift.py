@@ -113,3 +113,22 @@ def test_records_without_statistics_give_no_drift_and_say_which_run(
     assert not result["drift"]["available"] and f"run {b} recorded no parameter statistics" in result["drift"]["reason"]
     figure = client.get(f"/api/v1/compare/drift/figure?a={a}&b={b}").json()
     assert figure["data"] == [] and "No drift estimate" in figure["layout"]["title"]["text"]
+
+
+def test_a_record_whose_drift_data_holds_a_nan_is_a_422_naming_it_and_stores_nothing(
+        client: TestClient, session: Session, settings: Settings) -> None:
+    import numpy as np
+
+    from detlab.core import sketch
+
+    run = make_run(session, settings, steps=STEPS)
+    attempt = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()["attempt"]
+    stats = np.ones((1, sketch.STATS))
+    stats[0, 1] = np.nan
+    record = {"type": "step", "step": 1, "rank": 0, "fp_version": "fp2", "model_digest": "fp2:" + "0" * 32,
+              "digests": "ab" * 16, "loss_bits": "3f800000", "loss": 1.0, "step_time_s": 0.01,
+              "drift": {"stats": sketch.pack(stats).hex(), "sketch": sketch.pack(np.zeros((1, sketch.K))).hex()}}
+    resp = client.post(f"/api/v1/ingest/runs/{run.id}/records", json={"attempt": attempt, "records": [record]},
+                       headers=AUTH)
+    assert resp.status_code == 422 and "NaN or an infinity" in resp.text and "drift" in resp.text
+    assert session.scalar(select(StepRecord.id).where(StepRecord.run_id == run.id)) is None
