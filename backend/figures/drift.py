@@ -8,7 +8,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from detlab.backend.figures.train import COLOR_DIFF, COLOR_NEUTRAL, _as_dict, _finite, delta_axis
+from detlab.backend.figures.train import COLOR_DIFF, COLOR_NEUTRAL, _as_dict, _finite, count_dtick, delta_axis
 
 COLOR_DISTANCE = "#6a3d9a"
 ROUNDING = "rounding level"
@@ -68,5 +68,6 @@ def drift_figure(comparison: dict[str, Any]) -> dict[str, Any]:
         legend={"orientation": "h", "y": -0.15})
     fig.update_yaxes(title={"text": "‖A−B‖/‖A‖"}, **axis, row=1, col=1)
     fig.update_yaxes(title={"text": "|Δloss|"}, **loss_axis, row=2, col=1)
+    fig.update_xaxes(dtick=count_dtick(max(steps, default=0) - min(steps, default=0)))  # whole steps
     fig.update_xaxes(title={"text": "step"}, row=2, col=1)
     return _as_dict(fig)
