@@ -199,7 +199,8 @@ class TensorMeta(Base):
 
 
 class StepRecord(Base):
-    """One row per (run, step, rank); per-tensor digests packed 16 bytes each in tensor order."""
+    """One row per (run, step, rank); per-tensor digests packed 16 bytes each in tensor order, and optionally
+    per-tensor statistics and sketches."""
 
     __tablename__ = "step_records"
     __table_args__ = (UniqueConstraint("run_id", "step", "rank"), Index("ix_step_records_run_step", "run_id", "step"))
@@ -215,6 +216,11 @@ class StepRecord(Base):
     loss_bits: Mapped[str] = mapped_column(String(16))
     loss: Mapped[float | None] = mapped_column(Float)
     step_time_s: Mapped[float] = mapped_column(Float)
+    # Per tensor, in the digests' order: float64 (sum, L2 norm, max |x|) and the count sketch of
+    # detlab.core.sketch's `drift_version`, packed little-endian. None: recorded without them.
+    drift_version: Mapped[str | None] = mapped_column(String(8))
+    stats: Mapped[bytes | None] = mapped_column(LargeBinary)
+    sketch: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class Worker(Base):

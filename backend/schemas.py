@@ -280,6 +280,27 @@ class DivergenceMap(OpenModel):
     note: str | None = None
 
 
+class Drift(OpenModel):
+    """How far the compared runs drift apart (detlab.core.drift): per sampled step the estimate of ‖A−B‖/‖A‖
+    (`points`, the worst rank; `ranks` per rank where they differ) and |Δloss|, the dtype's one-ulp relative
+    rounding level, and the verdict text; `available` false with `reason` when a run recorded no statistics."""
+
+    available: bool
+    reason: str | None = None
+    version: str | None = None
+    k: int | None = None
+    relative_error: float | None = None
+    points: list[tuple[int, float]] = Field(default_factory=list)
+    ranks: dict[str, list[tuple[int, float]]] = Field(default_factory=dict)
+    loss_delta: list[tuple[int, float]] = Field(default_factory=list)
+    dtype: str | None = None
+    rounding_level: float | None = None
+    max: float | None = None
+    max_step: int | None = None
+    sampled: bool = False
+    verdict: str | None = None
+
+
 class EnvFact(OpenModel):
     key: str
     a: Any
@@ -307,6 +328,7 @@ class Comparison(OpenModel):
     config_diff: list[KeyDiff]
     environment: list[EnvFact] = Field(default_factory=list)
     downsampled: Downsampled | None = None  # per_step and loss thinned (null: in full)
+    drift: Drift | None = None  # absent from results stored before drift was estimated
 
 
 class TrainResult(Comparison):

@@ -56,7 +56,17 @@ def ms(seconds: float) -> float:
 # ---- population ------------------------------------------------------------------------------
 
 
-def populate_comparison(conn: psycopg.Connection, steps: int, tensors: int) -> int:
+def drift_steps(steps: int, every: int) -> set[int]:
+    """Steps that carry drift data: every `every`-th (about what the comparison samples: detlab.core.drift.POINTS),
+    and every step of the step window the bench asks for, so that both read as many rows as with drift data at
+    every step (which would be ~6 GB at 200 tensors)."""
+    if every <= 0:
+        return set()
+    lo = int(steps * 0.4) - 100
+    return set(range(0, steps + 1, every)) | set(range(lo, lo + 2000)) | {steps}
+
+
+def populate_comparison(conn: psycopg.Connection, steps: int, tensors: int, drift_every: int = 0) -> int:
     """Two runs of one job, one rank each: equal until 40 % of the steps, then a third of the tensors differ."""
     with conn.cursor() as cur:
         cfg = []
@@ -87,10 +97,15 @@ def populate_comparison(conn: psycopg.Connection, steps: int, tensors: int) -> i
     rng = np.random.default_rng(0)
     diverge = int(steps * 0.4)
     differ = np.arange(tensors) % 3 == 0
-    cols = "(run_id, step, rank, attempt, fp_version, model_digest, digests, loss_bits, loss, step_time_s)"
+    with_drift = drift_steps(steps, drift_every)
+    cols = ("(run_id, step, rank, attempt, fp_version, model_digest, digests, loss_bits, loss, step_time_s, "
+            "drift_version, stats, sketch)")
     with conn.cursor() as cur, cur.copy(f"COPY step_records {cols} FROM STDIN (FORMAT BINARY)") as copy:
-        copy.set_types(["int4", "int4", "int4", "int4", "varchar", "varchar", "bytea", "varchar", "float8", "float8"])
+        copy.set_types(["int4", "int4", "int4", "int4", "varchar", "varchar", "bytea", "varchar", "float8", "float8",
+                        "varchar", "bytea", "bytea"])
         for step in range(steps + 1):
+            stats = np.abs(rng.standard_normal((tensors, 3))) if step in with_drift else None
+            sketched = rng.standard_normal((tensors, 16)) if step in with_drift else None
             packed = rng.integers(0, 256, size=(tensors, 16), dtype=np.uint8)
             loss = 5.0 * np.exp(-step / steps) + 0.01 * rng.random()
             times = 0.010 + 0.001 * rng.random(2)
@@ -101,8 +116,12 @@ def populate_comparison(conn: psycopg.Connection, steps: int, tensors: int) -> i
                     own[differ, 0] ^= 1
                     own_loss = loss + 1e-6 * rng.random()
                 digest = f"fp1:{hash(own.tobytes()) & (2**64 - 1):032x}"
+                drift = (None, None, None)
+                if stats is not None and sketched is not None:
+                    moved = sketched + (1e-6 * step / steps if i == 1 and step >= diverge else 0.0)
+                    drift = ("cs1", stats.astype("<f8").tobytes(), moved.astype("<f8").tobytes())
                 copy.write_row((run_id, step, 0, 1, "fp1", digest, own.tobytes(), f"{own_loss:.12f}"[:16], own_loss,
-                                times[i] * (1.3 if i else 1.0)))
+                                times[i] * (1.3 if i else 1.0), *drift))
     conn.commit()
     return int(job_id)
 
@@ -286,7 +305,8 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     pg = url.replace("postgresql+psycopg://", "postgresql://")
     started = time.perf_counter()
     with psycopg.connect(pg) as conn:
-        job_id = populate_comparison(conn, args.steps, args.tensors)
+        job_id = populate_comparison(conn, args.steps, args.tensors, args.drift_every)
+        out["drift_every"] = args.drift_every
         out["populate_comparison_s"] = round(time.perf_counter() - started, 1)
         job_ids = populate_jobs(conn, args.jobs)
         out["jobs"] = args.jobs + 1
@@ -317,11 +337,14 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
         out["comparison_bytes"] = len(resp.content)
         out["comparison_gzip_bytes"] = len(gzip.compress(resp.content, 5))
         out["comparison_points"] = len(resp.json()["per_step"])
+        out["drift_points"] = len((resp.json().get("drift") or {}).get("points") or [])
         window = {"from_step": int(args.steps * 0.4) - 100, "to_step": int(args.steps * 0.4) + 1899}
         out["window_ms"], _, resp = first_and_rest(client, cmp, 2, params=window)
         out["window_bytes"], out["window_steps"] = len(resp.content), len(resp.json()["per_step"])
         out["figure_ms"], out["figure_ms_cached"], resp = first_and_rest(client, cmp + "/figure", n)
         out["figure_bytes"] = len(resp.content)
+        out["drift_figure_ms"], out["drift_figure_ms_cached"], resp = first_and_rest(client, cmp + "/drift/figure", n)
+        out["drift_figure_bytes"] = len(resp.content)
         out["window_figure_ms"], _, resp = first_and_rest(client, cmp + "/figure", 2, params=window)
 
         recent = (datetime.now(UTC) - timedelta(days=90)).date().isoformat()
@@ -403,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object (default: one line per figure)")
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--tensors", type=int, default=200)
+    parser.add_argument("--drift-every", type=int, default=500, help="steps between steps with drift statistics and "
+                        "sketches (0: none, as records from before them); every step of the window has them")
     parser.add_argument("--findings", type=int, default=1_000_000, help="collective findings rows")
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--readers", type=int, default=20)

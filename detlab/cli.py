@@ -509,6 +509,9 @@ def verify_collective(ctx: typer.Context) -> None:
 # What `compare --json` prints of a verdict (per-step rows and loss curves stay out: they grow with the run).
 _COMPARE_KEYS = ("verdict", "reason", "mode", "first_divergent_step", "first_divergent_tensors", "ranks",
                  "steps_differing", "steps_compared", "missing", "replica_disagreements")
+# ... and of its drift: the summary, not the per-step points.
+_DRIFT_KEYS = ("available", "reason", "verdict", "max", "max_step", "dtype", "rounding_level", "sampled", "k",
+               "relative_error")
 
 
 def _replica_text(rows: list[dict[str, Any]]) -> list[str]:
@@ -538,7 +541,11 @@ def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list
     lines += [f"  missing: {m}" for m in result["missing"]]
     if result["reason"]:
         lines.append(f"  note: {result['reason']}")
-    return lines + _replica_text(result.get("replica_disagreements") or [])
+    lines += _replica_text(result.get("replica_disagreements") or [])
+    if verdict == "diverged" and (drift := result.get("drift")):
+        lines.append(f"  drift (‖A−B‖/‖A‖, estimated): {drift['verdict']}" if drift.get("available")
+                     else f"  drift: not estimated: {drift.get('reason')}")
+    return lines
 
 
 def _check_replicas(a: Path, as_json: bool) -> int:
@@ -600,7 +607,9 @@ def compare(
             typer.echo(json.dumps({"verdict": "error", "error": str(exc)}))
         raise typer.Exit(2) from None
     if as_json:
-        typer.echo(json.dumps({**{k: result.get(k) for k in _COMPARE_KEYS}, "a": a, "b": b}))
+        drift = result.get("drift") or {"available": False, "reason": "the server did not estimate it"}
+        typer.echo(json.dumps({**{k: result.get(k) for k in _COMPARE_KEYS}, "a": a, "b": b,
+                               "drift": {k: drift.get(k) for k in _DRIFT_KEYS}}))
     else:
         for line in _verdict_text(result, tensors, world):
             typer.echo(line)

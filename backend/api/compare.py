@@ -10,9 +10,10 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import selectinload
 
 from detlab.backend.api.deps import Limit, Offset, SessionDep
+from detlab.backend.figures import drift as drift_figures
 from detlab.backend.models import Config, Job, JobTag, Run
 from detlab.backend.reports import pair
-from detlab.backend.schemas import PairResult, RunsFound, WhyReport
+from detlab.backend.schemas import PairResult, PlotlyFigure, RunsFound, WhyReport
 from detlab.backend.services import why
 from detlab.core.text import StorableText
 from detlab.core.wire import INT32, Tag
@@ -54,9 +55,16 @@ def find_runs(session: SessionDep, q: Annotated[StorableText | None, Query(max_l
 @router.get("/compare", response_model=PairResult, response_model_exclude_unset=True)
 def compare_two(a: RunQuery, b: RunQuery, session: SessionDep) -> dict[str, Any]:
     """Run A against run B, whatever jobs they belong to: the verdict, the first divergent step, tensors and
-    ranks, what is missing, their configs and stacks side by side."""
+    ranks, what is missing, their configs and stacks side by side, how far they drift apart."""
     run_a, run_b = _training_runs(session, a, b)
     return pair.build(session=session, run_a=run_a, run_b=run_b)
+
+
+@router.get("/compare/drift/figure", response_model=PlotlyFigure)
+def compare_drift_figure(a: RunQuery, b: RunQuery, session: SessionDep) -> dict[str, Any]:
+    """‖A−B‖/‖A‖ per sampled step (estimated from the recorded sketches) beside |Δloss|, with the rounding level."""
+    run_a, run_b = _training_runs(session, a, b)
+    return drift_figures.drift_figure(pair.build(session=session, run_a=run_a, run_b=run_b))
 
 
 @router.get("/compare/why", response_model=WhyReport)

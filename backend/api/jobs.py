@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from detlab.backend.api.deps import CurrentUser, JobId, RankPath, RunId, SessionDep, SettingsDep
 from detlab.backend.figures import collective as collective_figures
+from detlab.backend.figures import drift as drift_figures
 from detlab.backend.figures import train as train_figures
 from detlab.backend.models import FINISHED, CommLog, Job, RankEnv, Run, utcnow
 from detlab.backend.reports import train as train_report
@@ -221,6 +222,14 @@ def read_comparison_figure(job_id: JobId, session: SessionDep, request: Request,
                            to_step: StepQuery = None) -> Response:
     return _cached(request, session, job_id, ("figure", from_step, to_step), lambda: PlotlyFigure.model_validate(
         train_figures.comparison_figure(_comparison(job_id, session, from_step, to_step))).model_dump_json().encode())
+
+
+@router.get("/{job_id}/comparison/drift/figure", response_model=PlotlyFigure)
+def read_drift_figure(job_id: JobId, session: SessionDep, request: Request, from_step: StepQuery = None,
+                      to_step: StepQuery = None) -> Response:
+    """‖A−B‖/‖A‖ per sampled step (estimated from the recorded sketches) beside |Δloss|, with the rounding level."""
+    return _cached(request, session, job_id, ("drift figure", from_step, to_step), lambda: PlotlyFigure.model_validate(
+        drift_figures.drift_figure(_comparison(job_id, session, from_step, to_step))).model_dump_json().encode())
 
 
 @router.get("/{job_id}/comparison/divergence/figure", response_model=PlotlyFigure)

@@ -351,4 +351,8 @@ def warm_up() -> None:
             "loss": {"a": [[0, 1.0], [1, 1.0]], "b": [[0, 1.0], [1, 2.0]]}}
     comparison_figure(tiny)
     throughput_figure({"throughput": [{"config_index": 0, "samples_per_s": 1.0, "spread": [1.0, 1.0]}]})
+    from detlab.backend.figures.drift import drift_figure  # it builds on this module's helpers
+
+    drift_figure({"drift": {"available": True, "points": [[0, 0.0], [1, 1e-7]], "loss_delta": [[1, 1e-6]],
+                            "rounding_level": 2.0**-23, "dtype": "float32", "verdict": "", "k": 16}})
 

@@ -29,6 +29,7 @@ def build(*, session: Session, run_a: Run, run_b: Run) -> dict[str, Any]:
     differing = compare.differing_steps(a, b) if a.records and b.records else []
     detail = train.detail_steps(differing)
     train.load_detail(session=session, runs=[a, b], steps=detail)
+    train.load_drift(session=session, runs=[a, b])
     result = compare.compare_runs(a, b)
     if result["verdict"] == "diverged":
         result["divergence_map"] = divergence_map.tensor_step_map(a, b, detail, steps_differing=len(differing))

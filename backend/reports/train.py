@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import SUCCEEDED, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
-from detlab.core import commlog, configs, divergence_map, steps
+from detlab.core import commlog, configs, divergence_map, drift, steps
 from detlab.core import train as compare
 
 # Packed per-tensor digests are loaded for the first divergent step and at most this many others:
@@ -32,10 +32,10 @@ def load_run(*, session: Session, run: Run, workload: str, interval: int = 1,
     # Core rows, not ORM rows: a long run has hundreds of thousands of them.
     rows = session.connection().execute(select(
         StepRecord.step, StepRecord.rank, StepRecord.model_digest, StepRecord.loss, StepRecord.step_time_s,
-        StepRecord.fp_version).where(StepRecord.run_id == run.id, *(
+        StepRecord.fp_version, StepRecord.drift_version).where(StepRecord.run_id == run.id, *(
             [StepRecord.step.between(*between)] if between else []))).all()
-    data.records = {(step, rank): compare.StepData(None, loss, seconds, digest)
-                    for step, rank, digest, loss, seconds, _ in rows}
+    data.records = {(step, rank): compare.StepData(None, loss, seconds, digest, version)
+                    for step, rank, digest, loss, seconds, _, version in rows}
     data.fp_versions = {row[5] for row in rows} or data.fp_versions
     return data
 
@@ -51,6 +51,21 @@ def load_detail(*, session: Session, runs: list[compare.RunData], steps: list[in
         for step, rank, digests in rows:
             if step in wanted and (step, rank) in data.records:
                 data.records[(step, rank)].digests = bytes(digests)
+
+
+def load_drift(*, session: Session, runs: list[compare.RunData]) -> None:
+    """Fill in the packed statistics and sketches of the steps the drift estimate samples (detlab.core.drift)."""
+    a, b = runs
+    wanted = drift.steps_to_load(a, b)
+    if not wanted:
+        return
+    # By their step numbers (at most drift.POINTS of them), never a range: rows between them are 30 KB each.
+    for data in runs:
+        rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.stats, StepRecord.sketch).where(
+            StepRecord.run_id == data.run_id, StepRecord.step.in_(wanted), StepRecord.drift_version.is_not(None)))
+        for step, rank, stats, sketch in rows:
+            if (record := data.records.get((step, rank))) is not None:
+                record.stats, record.sketch = bytes(stats), bytes(sketch)
 
 
 def detail_steps(differing: list[int]) -> list[int]:
@@ -117,6 +132,7 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         differing = compare.differing_steps(a, b)
         detail = detail_steps(differing)
         load_detail(session=session, runs=[a, b], steps=detail)
+        load_drift(session=session, runs=[a, b])
         result = compare.compare_runs(a, b)
         if result["verdict"] == "diverged":  # the page's tensor × step heatmap; bounded, apart from per_step
             result["divergence_map"] = divergence_map.tensor_step_map(a, b, detail, steps_differing=len(differing))
@@ -161,8 +177,10 @@ def window(*, session: Session, job: Job, result: dict[str, Any], from_step: int
             differing = compare.differing_steps(a, b)
             whole = len(set(a.steps()) | set(b.steps())) <= steps.MAX_POINTS
             load_detail(session=session, runs=[a, b], steps=differing if whole else detail_steps(differing))
+            load_drift(session=session, runs=[a, b])
             detail = compare.compare_runs(a, b)
     thinned = steps.downsample({"per_step": detail["per_step"], "loss": detail["loss"]})
-    return {**result, **thinned, "downsampled": thinned.get("downsampled"),
+    windowed = {"drift": detail["drift"]} if "drift" in detail else {}
+    return {**result, **thinned, **windowed, "downsampled": thinned.get("downsampled"),
             "window": {"from_step": from_step, "to_step": to_step}}
 

@@ -35,7 +35,7 @@ MAX_LOG_BYTES = 16 << 20  # decompressed; the worker truncates before sending
 # readers (verify-collective), fingerprint_impl goes to the run, and two are converted.
 NOT_STORED: dict[type, set[str]] = {
     wire.EnvRecord: {"type", "fingerprint_impl", "torch_flags"},  # torch_flags: a dict, {} when absent
-    wire.StepRecord: {"type", "digests"},  # stored packed, as bytes
+    wire.StepRecord: {"type", "digests", "drift"},  # stored packed, as bytes
     wire.TrialRecord: {"type", "count", "op_bytes", "world_size", "fp_version"},
 }
 
@@ -112,7 +112,11 @@ def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
             raise ValueError(f"records.{i}: rank {rec.rank} is outside the run's world_size {run.world_size}")
         match rec:
             case wire.StepRecord():
-                steps.append({**_row(run, rec), "attempt": batch.attempt, "digests": bytes.fromhex(rec.digests)})
+                drift = rec.drift
+                steps.append({**_row(run, rec), "attempt": batch.attempt, "digests": bytes.fromhex(rec.digests),
+                              "drift_version": drift and drift.version,
+                              "stats": drift and bytes.fromhex(drift.stats),
+                              "sketch": drift and bytes.fromhex(drift.sketch)})
             case wire.EnvRecord():
                 envs.append({**_row(run, rec), "torch_flags": rec.torch_flags.model_dump() if rec.torch_flags else {}})
                 run.fingerprint_impl = rec.fingerprint_impl or run.fingerprint_impl

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from detlab.core import shards
+from detlab.core import drift, shards
 from detlab.core.shards import DIGEST_BYTES, RankTensor
 
 
@@ -23,6 +23,10 @@ class StepData:
     loss: float | None
     step_time_s: float
     model_digest: str | None = None  # digest of `digests`: enough to tell equal from different
+    # Drift statistics (detlab.core.sketch): the version when the step has them; stats and sketch once loaded.
+    drift_version: str | None = None
+    stats: bytes | None = None
+    sketch: bytes | None = None
 
     def key(self) -> str | bytes | None:
         return self.model_digest if self.model_digest is not None else self.digests
@@ -184,7 +188,8 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         return {"verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
                 "first_divergent_step": None, "first_divergent_tensors": [], "ranks": [],
                 "steps_differing": 0, "steps_compared": 0, "per_step": [], "loss": {"a": [], "b": []},
-                "missing": [], "replica_disagreements": replicas}
+                "missing": [], "replica_disagreements": replicas,
+                "drift": {"available": False, "reason": f"incomparable runs: {reason}"}}
     names = [t[0] for t in a.tensors]
     steps = sorted(set(a.steps()) & set(b.steps()))
     per_rank = a.world_size == b.world_size
@@ -232,6 +237,7 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         "loss": {"a": _loss_curve(a, steps), "b": _loss_curve(b, steps)},
         "missing": missing,
         "replica_disagreements": replicas,
+        "drift": drift.compare(a, b, per_rank),
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -25,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from detlab.core import sketch
 from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
 from detlab.core.configs import TorchFlags
 from detlab.core.text import storable
@@ -226,8 +228,32 @@ class TensorsRecord(Wire):
         return self
 
 
+class Drift(Wire):
+    """Per tensor, in the digests' order: float64 sum, L2 norm and max |x| (`stats`, 3 numbers) and the count
+    sketch (`sketch`, K numbers) of detlab.core.sketch's `version`; little-endian float64 as hex. Every number
+    is finite: a rank whose tensors hold NaN or inf records none of this (its digests say the rest)."""
+
+    version: Literal["cs1"] = "cs1"  # detlab.core.sketch.VERSION
+    stats: str = Field(max_length=sketch.MAX_TENSORS * sketch.STAT_BYTES * 2, pattern=r"^(?:[0-9a-f]{16})*$")
+    sketch: str = Field(max_length=sketch.MAX_TENSORS * sketch.SKETCH_BYTES * 2, pattern=r"^(?:[0-9a-f]{16})*$")
+
+    def tensors(self) -> int:
+        return len(self.stats) // (2 * sketch.STAT_BYTES)
+
+    @model_validator(mode="after")
+    def _whole_and_finite(self) -> Drift:
+        if len(self.stats) % (2 * sketch.STAT_BYTES) or len(self.sketch) != self.tensors() * 2 * sketch.SKETCH_BYTES:
+            raise ValueError(f"stats must hold {sketch.STATS} and sketch {sketch.K} float64 per tensor, for the "
+                             f"same tensors (got {len(self.stats) // 16} and {len(self.sketch) // 16} numbers)")
+        for name in ("stats", "sketch"):
+            if not np.isfinite(np.frombuffer(bytes.fromhex(getattr(self, name)), dtype="<f8")).all():
+                raise ValueError(f"{name} holds a NaN or an infinity: record no drift data for such a step")
+        return self
+
+
 class StepRecord(Wire):
-    """One rank's state after one step: the model's digest, one digest per tensor, the loss's bits."""
+    """One rank's state after one step: the model's digest, one digest per tensor, the loss's bits, and (optional:
+    records from before detlab took them, or without them) per-tensor statistics and sketches."""
 
     type: Literal["step"] = "step"
     step: Index
@@ -238,6 +264,13 @@ class StepRecord(Wire):
     loss_bits: LossBits
     loss: FiniteFloat | None = None  # None before the first step, or when the loss is not finite (bits keep it)
     step_time_s: Seconds
+    drift: Drift | None = None
+
+    @model_validator(mode="after")
+    def _drift_per_digest(self) -> StepRecord:
+        if self.drift is not None and self.drift.tensors() != len(self.digests) // 32:
+            raise ValueError(f"drift describes {self.drift.tensors()} tensors, the digests {len(self.digests) // 32}")
+        return self
 
 
 class TrialRecord(Wire):

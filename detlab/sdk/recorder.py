@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
-from detlab.core.wire import EnvRecord, RecordingOpen, StepRecord, Tags, TensorInfo, TensorsRecord, explain
+from detlab.core.wire import Drift, EnvRecord, RecordingOpen, StepRecord, Tags, TensorInfo, TensorsRecord, explain
 from detlab.sdk import identity, store, upload
 from detlab.sdk import tensors as named_tensors
 from detlab.sdk.digests import Digester, Pending, read_scalar
@@ -41,6 +41,20 @@ def loss_bits(value: float | None) -> str:
         return ""
     with np.errstate(over="ignore"):
         return f"{int(np.float32(value).view(np.uint32)):08x}"
+
+
+Sketched = Callable[[], "tuple[bytes, bytes] | None"]
+
+
+def _drift(state: Sketched | None, grads: Sketched | None) -> Drift | None:
+    """The record's drift data: the state's stats and sketches, then the gradients' (None where either has none).
+    A gradient's row map is that of its index in the gradients' own list: both runs record the same lists."""
+    if state is None:
+        return None
+    found = [state(), *([grads()] if grads is not None else [])]
+    if any(f is None for f in found):
+        return None
+    return Drift(stats="".join(f[0].hex() for f in found if f), sketch="".join(f[1].hex() for f in found if f))
 
 
 def _drain_at_exit(ref: weakref.ReferenceType[Recorder]) -> Callable[[], None]:
@@ -91,13 +105,16 @@ class Recorder:
       optimizer    also this optimizer's per-parameter state (`fc1.weight.exp_avg`, ...).
       grads        also the gradients the optimizer step consumes (`fc1.weight.grad`): call
                    `rec.grads(step, model)` after `loss.backward()` and before `optimizer.step()`.
+      drift        also per-tensor statistics (float64 sum, L2 norm, max |x|) and a 16-number sketch of every
+                   recorded tensor (detlab.core.sketch): the comparison then estimates how far the runs drift
+                   apart (‖A−B‖/‖A‖ per step). On by default; False records digests only.
       overwrite    replace a recording already in `out` instead of refusing to start.
     """
 
     def __init__(self, out: str | os.PathLike[str] | None = None, *, server: str | None = None,
                  token: str | None = None, name: str | None = None, tags: Sequence[str] = (), every: int = 1,
                  names: named_tensors.NameFilter = None, grads: bool = False,
-                 optimizer: torch.optim.Optimizer | None = None, buffers: bool = False,
+                 optimizer: torch.optim.Optimizer | None = None, buffers: bool = False, drift: bool = True,
                  overwrite: bool = False, flush_timeout_s: float = 60.0) -> None:
         server = server or None
         if run_dir := os.environ.get("DETLAB_RUN_DIR"):
@@ -138,6 +155,11 @@ class Recorder:
         self._grads, self._buffers, self._optimizer = grads, buffers, optimizer
         self._overwrite = overwrite
         self._digester = Digester()
+        self._sketcher: Any = None
+        if drift:
+            from detlab.worker.drift import Sketcher
+
+            self._sketcher = Sketcher()
         self._who: Identity | None = None
         self._spool: Spool | None = None
         self._manifest: store.Manifest | None = None
@@ -145,7 +167,7 @@ class Recorder:
         self._kept: dict[str, bool] = {}  # the name filter's answers (asked once per name)
         self._tensors: list[tuple[str, list[int], str]] | None = None
         self._fixed: tuple[list[str], list[tuple[object, object]]] | None = None  # names, layout of the first step
-        self._grad_pending: tuple[int, named_tensors.Named, Pending] | None = None
+        self._grad_pending: tuple[int, named_tensors.Named, Pending, Sketched | None] | None = None
         self._last_step: int | None = None
         self._last_call: float | None = None
         self._closed = False
@@ -188,7 +210,8 @@ class Recorder:
             raise ValueError(f"rec.grads({step}, model): no parameter has a gradient; call it after "
                              "loss.backward() and before optimizer.step() / zero_grad()")
         kept = self._filter(found)
-        self._grad_pending = (step, kept, self._digester.submit([t for _, t in kept]))
+        sketched = self._sketcher.submit(named_tensors.local([t for _, t in kept])) if self._sketcher else None
+        self._grad_pending = (step, kept, self._digester.submit([t for _, t in kept]), sketched)
 
     def step(self, step: int, model: torch.nn.Module, *, loss: Any = None) -> None:
         """Record the state after `step`: call after `optimizer.step()`. `loss`: a scalar tensor or number
@@ -207,15 +230,18 @@ class Recorder:
         state = self._state(model)
         recorded = state
         grad_digests = None
+        grad_sketch = None
         if self._grads:
             pending = self._grad_pending
             if pending is None or pending[0] != step:
                 raise ValueError(f"grads=True but step {step} has no gradients: call rec.grads({step}, model) "
                                  "after loss.backward() and before optimizer.step()")
             recorded = state + pending[1]
-            grad_digests = pending[2]
+            grad_digests, grad_sketch = pending[2], pending[3]
             self._grad_pending = None
         self._check_tensors(step, recorded)
+        # Queued on the device now, read on the writer thread: the loop never waits for them.
+        sketched = self._sketcher.submit(named_tensors.local([t for _, t in state])) if self._sketcher else None
         digests = self._digester.submit([t for _, t in state])
         read_loss = read_scalar(loss)
         rank = self._who.rank
@@ -230,7 +256,7 @@ class Recorder:
                               model_digest=fp.fingerprint_bytes(packed), digests=packed.hex(),
                               loss_bits=loss_bits(value),
                               loss=value if value is not None and math.isfinite(value) else None,
-                              step_time_s=max(seconds, 0.0))
+                              step_time_s=max(seconds, 0.0), drift=_drift(sketched, grad_sketch))
 
         self._spool.put(record)
         self._last_step = step

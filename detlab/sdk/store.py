@@ -173,8 +173,12 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
                 if (rec.step, rank) in records:
                     raise RecordsError(f"{path}: step {rec.step} is recorded twice; the directory mixes "
                                        "recordings: record into a fresh one")
+                drift = rec.drift
                 records[(rec.step, rank)] = StepData(digests=bytes.fromhex(rec.digests), loss=rec.loss,
-                                                     step_time_s=rec.step_time_s, model_digest=rec.model_digest)
+                                                     step_time_s=rec.step_time_s, model_digest=rec.model_digest,
+                                                     drift_version=drift.version if drift else None,
+                                                     stats=bytes.fromhex(drift.stats) if drift else None,
+                                                     sketch=bytes.fromhex(drift.sketch) if drift else None)
                 versions.add(rec.fp_version)
     for (step, rank), data in records.items():
         if rank not in tensors:

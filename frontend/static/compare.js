@@ -63,6 +63,21 @@
       ...result.missing.map((m) => el("p", { className: "muted", text: `missing: ${m}` })));
   }
 
+  async function showDrift(result) {
+    const drift = result.drift;
+    const target = $("drift-chart");
+    $("drift-verdict").textContent = !drift ? "no drift estimate"
+      : drift.available ? `‖A−B‖/‖A‖, estimated: ${drift.verdict}` : `No drift estimate: ${drift.reason}`;
+    target.hidden = !(drift && drift.available && window.Plotly);
+    if (target.hidden) return;
+    try {
+      const figure = await getJSON(`${API}/compare/drift/figure?a=${picked.a}&b=${picked.b}`);
+      await window.Plotly.react(target, figure.data || [], figure.layout || {}, { displaylogo: false, responsive: true });
+    } catch (err) {
+      target.textContent = `The drift chart could not be loaded: ${err.message}`;
+    }
+  }
+
   async function compare() {
     if (!(picked.a && picked.b)) return;
     const card = $("result-card");
@@ -82,6 +97,7 @@
       setRows($("config-diff"), result.config_diff.map((d) => el("tr", {},
         el("td", { text: d.key }), el("td", { text: JSON.stringify(d.a) }), el("td", { text: JSON.stringify(d.b) }))),
       "the same config", 3);
+      await showDrift(result);
     } catch (err) {
       $("banner").className = "banner";
       $("banner").replaceChildren(el("p", { text: `could not compare: ${err.message}` }));

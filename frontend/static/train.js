@@ -258,6 +258,24 @@
     }
   }
 
+  // How far the runs drift apart (‖A−B‖/‖A‖ estimated per sampled step, beside |Δloss|): shown whenever the
+  // comparison has an estimate; otherwise its reason, never a chart of zeros.
+  async function drawDrift(jobId, cmp) {
+    const said = $("drift-verdict");
+    const target = $("drift-chart");
+    const drift = cmp.drift;
+    said.hidden = !drift;
+    target.hidden = !(drift && drift.available && window.Plotly);
+    if (!drift) return;
+    said.textContent = drift.available ? `Drift (‖A−B‖/‖A‖, estimated): ${drift.verdict}` : `No drift estimate: ${drift.reason}`;
+    if (target.hidden) return;
+    try {
+      await plot(target, await getJSON(`${API}/jobs/${jobId}/comparison/drift/figure`));
+    } catch (err) {
+      target.textContent = `The drift chart could not be loaded: ${err.message}`;
+    }
+  }
+
   async function load(job) {
     let cmp;
     try {
@@ -287,6 +305,7 @@
     renderReproducibility(job, cmp);
     if (pairwise) await drawChart(job.id, cmp);
     if (pairwise) await drawDivergenceMap(job.id, cmp);
+    if (pairwise) await drawDrift(job.id, cmp);
     // An evidence link into this page (#environment, ...) names a table shown only now.
     if (window.location.hash) document.getElementById(window.location.hash.slice(1))?.scrollIntoView();
   }

@@ -83,9 +83,20 @@ def test_ranks_with_different_tensor_lists_load_each_with_its_own(tmp_path: Path
 def test_a_step_with_more_digests_than_tensors_is_refused(tmp_path: Path) -> None:
     out = recording(tmp_path / "a")
     rows = (out / "rank0.jsonl").read_text().splitlines()
-    rows[2] = rows[2].replace('"digests":"', '"digests":"' + "0" * 32)
+    record = json.loads(rows[2])
+    record["digests"] = "0" * 32 + record["digests"]
+    rows[2] = json.dumps({**record, "drift": None})  # a record as written before drift data
     (out / "rank0.jsonl").write_text("\n".join(rows) + "\n")
     with pytest.raises(RecordsError, match=r"rank0.jsonl: step 0 holds 3 digests for 2 tensors"):
+        load_run(out)
+
+
+def test_a_step_whose_drift_data_describe_other_tensors_than_its_digests_is_refused(tmp_path: Path) -> None:
+    out = recording(tmp_path / "a")
+    rows = (out / "rank0.jsonl").read_text().splitlines()
+    rows[2] = rows[2].replace('"digests":"', '"digests":"' + "0" * 32)
+    (out / "rank0.jsonl").write_text("\n".join(rows) + "\n")
+    with pytest.raises(RecordsError, match=r"rank0.jsonl:3: not a detlab record: step: drift describes 2 tensors"):
         load_run(out)
 
 

@@ -26,8 +26,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from detlab.core.configs import ENV_PREFIXES, ENV_VALIDATORS, TorchFlags
 from detlab.core.train import recorded_steps
-from detlab.core.wire import EnvRecord, RankSpec, Record, StepRecord, TensorInfo, TensorsRecord, TorchFacts
+from detlab.core.wire import Drift, EnvRecord, RankSpec, Record, StepRecord, TensorInfo, TensorsRecord, TorchFacts
 from detlab.worker import fingerprint as fp
+from detlab.worker.drift import Sketcher
 from detlab.worker.workloads import registry
 
 
@@ -105,6 +106,11 @@ def flip_bit(model: torch.nn.Module, tensor_name: str) -> None:
             flat[:1].add_(1)
 
 
+def drift_of(found: tuple[bytes, bytes] | None) -> Drift | None:
+    """The step record's drift data from detlab.worker.drift's (stats, sketch); None where there is none."""
+    return Drift(stats=found[0].hex(), sketch=found[1].hex()) if found is not None else None
+
+
 class Spool:
     """A rank's spool file: one Record as JSON per line, flushed as written."""
 
@@ -160,8 +166,10 @@ def train(spec: RankSpec) -> None:
     share = workload.global_batch // world
 
     params = [p for _, p in named]  # one list, the same every step: the fingerprint's launch plan is kept
+    sketcher = Sketcher()
 
     def record(step: int, loss: torch.Tensor | None, seconds: float) -> None:
+        sketched = sketcher.submit(params)
         digests = fp.fingerprint_many(params)
         packed = b"".join(fp.digest_to_bytes(d) for d in digests)
         value = float(loss.item()) if loss is not None else None
@@ -170,7 +178,7 @@ def train(spec: RankSpec) -> None:
                                loss_bits=loss_bits(loss) if loss is not None else "",
                                # a loss that blew up is kept in its bits; the number column takes finite ones
                                loss=value if value is not None and math.isfinite(value) else None,
-                               step_time_s=seconds))
+                               step_time_s=seconds, drift=drift_of(sketched())))
 
     record(0, None, 0.0)
     for step in range(1, steps + 1):

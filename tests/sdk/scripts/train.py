@@ -3,7 +3,7 @@ under `torchrun --nproc-per-node N`. Deterministic on CPU: seeded model and data
 split over the ranks, one thread per rank.
 
 Usage: python train.py OUT [--steps N] [--every N] [--names GLOB ...] [--grads] [--buffers] [--optimizer-state]
-                      [--server URL] [--name NAME] [--step-sleep S]
+                      [--server URL] [--name NAME] [--step-sleep S] [--no-drift]
 
 OUT "-" with --server: no directory of our choosing (the recorder's spool dir). --step-sleep: seconds of
 pretend work per step, so that a test can stop the server mid-run.
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--server")
     parser.add_argument("--name")
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--no-drift", dest="drift", action="store_false")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -64,7 +65,7 @@ def main() -> None:
 
     rec = detlab.Recorder(out=None if args.out == "-" else args.out, server=args.server, name=args.name,
                           every=args.every, names=args.names, grads=args.grads, buffers=args.buffers,
-                          optimizer=opt if args.optimizer_state else None)
+                          optimizer=opt if args.optimizer_state else None, drift=args.drift)
     share = GLOBAL_BATCH // world
     for step in range(args.steps):
         data = torch.Generator().manual_seed(1000 + step)

@@ -1,0 +1,29 @@
+"""`detlab compare A B` says how far two recordings drift apart (text and JSON), from the Recorder's statistics
+and sketches; a recording made without them gives no estimate and says why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.sdk.test_compare import compare, record
+
+
+def test_a_flipped_element_is_estimated_with_its_growth_in_text_and_json(tmp_path: Path) -> None:
+    a, b = record(tmp_path / "a"), record(tmp_path / "b", flip="2:0:0.weight")
+    text = compare(a, b)
+    assert text.returncode == 1
+    line = next(x for x in text.stdout.splitlines() if "drift" in x)
+    assert line.startswith("  drift (‖A−B‖/‖A‖, estimated): ")
+    done = compare(a, b, "--json")
+    drift = json.loads(done.stdout)["drift"]
+    assert drift["available"] and drift["dtype"] == "float32" and drift["max"] > 0 and drift["max_step"] >= 2
+    assert drift["verdict"] in line and drift["k"] == 16
+    assert "points" not in drift  # the summary; the points grow with the run
+
+
+def test_a_recording_without_drift_data_gives_no_estimate_and_says_why(tmp_path: Path) -> None:
+    a, b = record(tmp_path / "a"), record(tmp_path / "b", "--no-drift", flip="2:0:0.weight")
+    assert "drift: not estimated: run 2 recorded no parameter statistics" in compare(a, b).stdout
+    drift = json.loads(compare(a, b, "--json").stdout)["drift"]
+    assert drift["available"] is False and drift["max"] is None
