@@ -506,6 +506,32 @@ def verify_collective(ctx: typer.Context) -> None:
     raise typer.Exit(main(list(ctx.args)))
 
 
+_PASS_ON = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command("batch-invariance", add_help_option=False, context_settings=_PASS_ON)
+def batch_invariance(ctx: typer.Context) -> None:
+    """Does row 0 of a batched op equal the batch-1 result bitwise? No server needed.
+
+    Options: --device auto|cpu|cuda --ops mm,linear,... --dtypes float32,bfloat16,float16 --batch-sizes 1,2,4
+    --features N --workload NAME --config PRESET|JSON --threads N --json (see `detlab batch-invariance --help`).
+    Exits 0 when everything is invariant, 1 otherwise, 2 for bad options."""
+    from detlab.worker.diagnose.cli import main
+
+    raise typer.Exit(main("batch-invariance", list(ctx.args)))
+
+
+@app.command("audit", add_help_option=False, context_settings=_PASS_ON)
+def audit(ctx: typer.Context) -> None:
+    """Every aten op of one training step of a workload, checked for nondeterminism on this device.
+
+    Options: --workload NAME --device auto|cpu|cuda --threads N --config PRESET|JSON --reruns K --json.
+    Exits 0 when no op was found nondeterministic, 1 otherwise, 2 for bad options."""
+    from detlab.worker.diagnose.cli import main
+
+    raise typer.Exit(main("op-audit", list(ctx.args)))
+
+
 # What `compare --json` prints of a verdict (per-step rows and loss curves stay out: they grow with the run).
 _COMPARE_KEYS = ("verdict", "reason", "mode", "first_divergent_step", "first_divergent_tensors", "ranks",
                  "steps_differing", "steps_compared", "missing", "replica_disagreements")
