@@ -12,7 +12,7 @@ than at the insert (a 500); floats that are stored must be finite. Pure pydantic
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -33,7 +33,6 @@ from detlab.core.diagnosis import (
     DEFAULT_RERUNS,
     EVIDENCE_CHARS,
     INVARIANCE_DTYPES,
-    INVARIANCE_OPS,
     MAX_BATCH,
     MAX_BATCH_SIZES,
     MAX_CALLS_PER_OP,
@@ -129,7 +128,8 @@ class DiagnosisSpec(Wire):
     forward at the batch sizes it can fill. op-audit: one training step of the run's workload, each op's
     first `calls_per_op` calls run again `reruns` times on identical inputs."""
 
-    ops: list[InvarianceOp] = Field(default=list(INVARIANCE_OPS), min_length=1, max_length=len(INVARIANCE_OPS))
+    ops: list[InvarianceOp] = Field(default=list(get_args(InvarianceOp)), min_length=1,
+                                    max_length=len(get_args(InvarianceOp)))
     dtypes: list[InvarianceDtype] = Field(default=["float32"], min_length=1, max_length=len(INVARIANCE_DTYPES))
     batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_BATCH)]] = Field(
         default=list(DEFAULT_BATCH_SIZES), min_length=1, max_length=MAX_BATCH_SIZES)

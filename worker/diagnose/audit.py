@@ -78,7 +78,8 @@ class Recorder:
             self.over_budget.add(name)
             return None
         self.budget -= size
-        calls.append(Kept(func, *_copy((args, kwargs)), deterministic=torch.are_deterministic_algorithms_enabled(),
+        kept_args, kept_kwargs = _copy((args, kwargs))
+        calls.append(Kept(func, kept_args, kept_kwargs, deterministic=torch.are_deterministic_algorithms_enabled(),
                           warn_only=torch.is_deterministic_algorithms_warn_only_enabled()))
         return None
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch.nn import functional as F
 
-from detlab.core.diagnosis import sdpa_geometry
+from detlab.core.diagnosis import InvarianceDtype, InvarianceOp, sdpa_geometry
 from detlab.core.wire import InvarianceRecord, ModelInvarianceRecord
 from detlab.worker.workloads import Workload
 
@@ -86,8 +86,8 @@ OP_FUNCS: dict[str, Callable[[torch.Tensor, Inputs], torch.Tensor]] = {
 }
 
 
-def op_invariance(ops: Sequence[str], dtypes: Sequence[str], batch_sizes: Sequence[int], features: int,
-                  device: torch.device, seed: int = 0) -> Iterator[InvarianceRecord]:
+def op_invariance(ops: Sequence[InvarianceOp], dtypes: Sequence[InvarianceDtype], batch_sizes: Sequence[int],
+                  features: int, device: torch.device, seed: int = 0) -> Iterator[InvarianceRecord]:
     """One record per (op, dtype, batch size), in that order; batch size 1 is invariant by definition."""
     largest = max(batch_sizes)
     for dtype in dtypes:
@@ -154,14 +154,27 @@ def model_invariance(workload: Workload, model: torch.nn.Module, batch_sizes: Se
 
     alone = _module_outputs(model, run(1))
     for b in batch_sizes:
-        batched = _module_outputs(model, run(b))
+        # the k-th call of a module alone against its k-th call in the batch: a model that loops over samples
+        # calls a module once per sample, and its first call is sample 0's
+        calls: dict[str, list[torch.Tensor]] = {}
+        for name, out in _module_outputs(model, run(b)):
+            calls.setdefault(name, []).append(out)
+        seen: dict[str, int] = {}
         first, compared = None, 0
-        for (name, one), (_, many) in zip(alone, batched, strict=False):
+        for name, one in alone:
+            k = seen[name] = seen.get(name, -1) + 1
+            if k >= len(calls.get(name, [])):
+                continue
+            many = calls[name][k]
             rows = one.shape[0] if one.dim() else 0
-            if not rows or many.shape[1:] != one.shape[1:] or many.shape[0] != rows * b:
-                continue  # not per-sample rows
+            if many.shape == one.shape:
+                part = many  # the same sample's call (or a batch of 1)
+            elif rows and many.shape[1:] == one.shape[1:] and many.shape[0] == rows * b:
+                part = many[:rows]  # sample 0's rows of a batched call
+            else:
+                continue  # not per-sample rows (a loss, a mean over the batch)
             compared += 1
-            if first is None and max_ulp(many[:rows], one):
+            if first is None and max_ulp(part, one):
                 first = name
         yield ModelInvarianceRecord(workload=workload.name, batch_size=b, invariant=first is None,
                                     first_module=first, modules_compared=compared)

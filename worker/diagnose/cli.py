@@ -16,7 +16,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 from pydantic import ValidationError
 
@@ -103,7 +103,7 @@ def _check_device(device: str) -> None:
             raise UsageError("--device cuda: no CUDA GPU is visible; use --device cpu")
 
 
-def build_spec(kind: str, args: argparse.Namespace) -> RankSpec:
+def build_spec(kind: Literal["batch-invariance", "op-audit"], args: argparse.Namespace) -> RankSpec:
     """The rank's spec for these arguments; UsageError when a value is out of bounds or unknown."""
     from detlab.worker.workloads import registry
 
@@ -188,7 +188,7 @@ def _print_audit(result: dict[str, Any]) -> None:
               "gave different bits on re-run")
 
 
-def main(kind: str, argv: list[str]) -> int:
+def main(kind: Literal["batch-invariance", "op-audit"], argv: list[str]) -> int:
     """Entry point of `detlab batch-invariance` / `detlab audit`: 0 all clean, 1 not, 2 bad usage."""
     prog = "batch-invariance" if kind == "batch-invariance" else "audit"
     try:
