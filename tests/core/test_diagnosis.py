@@ -69,7 +69,8 @@ def test_verdict_in_one_word(kind: str, configs: list, expected: str | None) -> 
     (16, [0, 2], "batch sizes must be 1 to 4096"),
     (8192, [4096], "largest batch × features"),
 ])
-def test_invariance_limits_refuse_what_a_worker_cannot_hold(features: int, sizes: list[int], problem: str | None) -> None:
+def test_invariance_limits_refuse_what_a_worker_cannot_hold(features: int, sizes: list[int],
+                                                            problem: str | None) -> None:
     found = diagnosis.invariance_problem(features, sizes)
     assert found is None if problem is None else problem in (found or "")
 

@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
-
 from torch._prims_common import alert_not_deterministic
 
 from detlab.core import diagnosis
