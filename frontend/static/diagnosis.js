@@ -10,7 +10,8 @@
   const { register, showLoadError, showNoResult, showVerdict, isFinished, jobConfigLabel, fetchResult, plot } =
     window.detlab.job;
   let lastPartial = 0;
-  let shownResult = null;
+  let shownResult = null; // the JSON text last rendered, so an unchanged refresh leaves the chart alone
+  let current = null; // the result shown, for the table's filter
 
   const yesNo = (flag) => (flag === null || flag === undefined
     ? el("span", { className: "muted", text: "not checked" })
@@ -96,19 +97,19 @@
     $("diagnosis").hidden = false;
     $("no-comparison").hidden = true;
     $("diagnosis-partial").hidden = isFinished(job);
+    if (isFinished(job)) banner(job, result);
     const text = JSON.stringify(result);
     if (text === shownResult) return;
     shownResult = text;
+    current = result;
     const audit = job.kind === "op-audit";
     $("diagnosis-title").textContent = audit ? `Op audit of ${result.workload}` : "Batch invariance";
     $("invariance-block").hidden = audit;
     $("audit-block").hidden = !audit;
     setRows($("diagnosis-env"), result.configs.map((c) => el("tr", {}, el("td", { text: c.label }),
       el("td", { text: c.device || "unknown" }), el("td", { text: flagsText(c) }))), "Nothing recorded.", 3);
-    if (isFinished(job)) banner(job, result);
     if (audit) {
       renderAudit(result);
-      $("audit-only-nondet").onchange = () => renderAudit(result);
     } else {
       renderInvariance(result);
       await plot($("invariance-heatmap"), await getJSON(`${API}/jobs/${job.id}/diagnosis/figure`));
@@ -139,5 +140,6 @@
     await render(job, result);
   }
 
+  $("audit-only-nondet").addEventListener("change", () => current && renderAudit(current));
   register(["batch-invariance", "op-audit"], { runsHead: "Results", describe, load, running });
 })();
