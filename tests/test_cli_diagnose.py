@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.e2e.test_browser_diagnosis import SCATTER_OPS
 
 
 def detlab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -58,14 +59,16 @@ def test_a_bad_option_is_one_line_and_exit_2(args: list[str], message: str) -> N
     assert out.stdout == ""
 
 
-def test_audit_of_scatter_at_two_threads_finds_index_put_nondeterministic_and_exits_1() -> None:
-    out = detlab("audit", "--workload", "scatter", "--device", "cpu", "--threads", "2", "--json")
+def test_audit_of_scatter_at_two_threads_finds_its_accumulating_ops_nondeterministic_and_exits_1() -> None:
+    out = detlab("audit", "--workload", "scatter", "--device", "cpu", "--threads", "2", "--reruns", "10", "--json")
     assert out.returncode == 1, out.stderr
     result = json.loads(out.stdout)
     ops = {o["op"]: o for o in result["ops"]}
     assert set(result["ops"][0]) == {"op", "count", "nondeterministic", "evidence"}
-    assert ops["aten.index_put_"]["nondeterministic"] is True
-    assert ops["aten.index_put_"]["evidence"].startswith("re-run: ")
+    # Which of its racing ops a run catches varies with the machine's load; only they ever differ.
+    nondeterministic = {name for name, o in ops.items() if o["nondeterministic"]}
+    assert nondeterministic and nondeterministic <= SCATTER_OPS
+    assert all(ops[name]["evidence"].startswith("re-run: ") for name in nondeterministic)
     assert ops["aten.addmm"]["count"] >= 8 and ops["aten.addmm"]["nondeterministic"] is False
     assert (result["workload"], result["threads"], result["ineffective"]) == ("scatter", 2, [])
 

@@ -30,7 +30,7 @@ MAX_BATCH_SIZES = 32
 MAX_ELEMENTS = 1 << 24  # largest batch × features
 SDPA_TOKENS = 16
 # How many times an op of an audit is run again on identical inputs, and how many of its calls are.
-DEFAULT_RERUNS, MAX_RERUNS = 5, 50
+DEFAULT_RERUNS, MAX_RERUNS = 8, 50
 DEFAULT_CALLS_PER_OP, MAX_CALLS_PER_OP = 2, 16
 MAX_AUDIT_OPS = 4096  # distinct aten ops one step may run (a record each)
 EVIDENCE_CHARS = 1024
