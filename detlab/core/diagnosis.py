@@ -26,7 +26,7 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 # float32: 8192² × 4 B = 256 MiB and 2^24 × 4 B = 64 MiB; sdpa views a sample's features as 16 tokens.
 MIN_FEATURES, MAX_FEATURES, FEATURES_MULTIPLE = 16, 8192, 16
 MAX_BATCH = 4096
-MAX_BATCH_SIZES = 32
+MAX_BATCH_SIZES = 128  # every size from 1 to 128, e.g., to find where a GPU kernel's tiling changes
 MAX_ELEMENTS = 1 << 24  # largest batch × features
 SDPA_TOKENS = 16
 # How many times an op of an audit is run again on identical inputs, and how many of its calls are.

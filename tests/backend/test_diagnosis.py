@@ -53,7 +53,7 @@ def cell(op: str, batch: int, invariant: bool, ulp: int = 0, dtype: str = "float
      "largest batch × features is 33,554,432; at most 16,777,216"),
     ({"kind": "batch-invariance", "diagnosis": {"features": 100}}, "features must be a multiple of 16"),
     ({"kind": "batch-invariance", "diagnosis": {"ops": ["conv2d"]}}, "Input should be 'mm'"),
-    ({"kind": "batch-invariance", "diagnosis": {"batch_sizes": list(range(1, 40))}}, "at most 32 items"),
+    ({"kind": "batch-invariance", "diagnosis": {"batch_sizes": list(range(1, 130))}}, "at most 128 items"),
     ({"kind": "batch-invariance", "world_size": 2}, "runs one rank per config: world_size must be 1"),
     ({"kind": "batch-invariance", "diagnosis": {"workload": "nope"}}, "unknown workload 'nope' for batch-invariance"),
     ({"kind": "op-audit"}, "an op-audit needs a workload"),

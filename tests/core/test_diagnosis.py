@@ -65,7 +65,7 @@ def test_verdict_in_one_word(kind: str, configs: list, expected: str | None) -> 
     (4096, [1, 2, 4096], None),
     (100, [1], "multiple of 16"),
     (8208, [1], "multiple of 16"),
-    (16, [], "1 to 32 batch sizes"),
+    (16, [], "1 to 128 batch sizes"),
     (16, [0, 2], "batch sizes must be 1 to 4096"),
     (8192, [4096], "largest batch × features"),
 ])

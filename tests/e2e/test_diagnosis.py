@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import httpx
 from sqlalchemy import create_engine, text
 
+from tests.conftest import ROOT
 from tests.e2e.conftest import Stack, read_job, wait_for
 from tests.e2e.test_browser_diagnosis import SCATTER_OPS
 from tests.e2e.test_cancel import GONE_WITHIN_S, gone_after
@@ -74,3 +78,20 @@ def test_cancelling_a_batch_invariance_job_kills_its_rank(distributed: Stack) ->
     assert resp.status_code == 200, resp.text
     assert gone_after(distributed, run_id, set(ranks.values()), started) < GONE_WITHIN_S
     assert read_job(distributed, job["id"])["status"] == "cancelled"
+
+
+def test_detlab_submit_waits_for_a_diagnosis_and_check_fails_on_a_break(distributed: Stack) -> None:
+    def submit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "detlab.cli", "submit", "--server", distributed.url, "--config",
+                               "default", "--wait", "--json", "--check", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    # Batch size 1 alone: row 0 is the batch-1 result by definition, so the gate passes.
+    out = submit("--kind", "batch-invariance", "--diagnosis", '{"ops": ["sum"], "batch_sizes": [1], "features": 16}')
+    assert out.returncode == 0, out.stderr + distributed.logs()
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["job"]["verdict"] == "invariant"
+    assert result["configs"][0]["summary"] == [{"op": "sum", "dtype": "float32", "first_break": None}]
+    out = submit("--kind", "op-audit", "--workload", "mlp", "--diagnosis", '{"reruns": 1}')
+    assert out.returncode == 2, out.stderr  # refused by the server, one line
+    assert len(out.stderr.strip().splitlines()) == 1 and "diagnosis.reruns" in out.stderr, out.stderr

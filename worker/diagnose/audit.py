@@ -5,9 +5,9 @@ dispatch level; its pre-op hook keeps a copy of the inputs of each op's first `c
 an in-place op changes them), with the deterministic-algorithms flags in effect at that moment. After the
 step, each kept call is checked twice, on fresh copies of its inputs:
 
-- PyTorch's check: the op runs once with `torch.use_deterministic_algorithms(True, warn_only=True)`; a
-  "does not have a deterministic implementation" alert means PyTorch knows it is nondeterministic on
-  this device (whatever the config set).
+- PyTorch's check: the op runs once with `torch.use_deterministic_algorithms(True, warn_only=True)`; its
+  alert ("does not have a deterministic implementation", or cuBLAS's "not deterministic because" without
+  CUBLAS_WORKSPACE_CONFIG) means PyTorch knows it is nondeterministic on this device, whatever the config set.
 - Re-runs: the op runs `reruns` times under the flags it ran under in the step; the digests (detlab's
   fingerprint) of its outputs and of its inputs afterwards (an in-place or out= op writes there) are
   counted. More than one distinct result is nondeterminism seen, not inferred.
@@ -35,7 +35,9 @@ from detlab.core.wire import AuditOpRecord
 from detlab.worker import fingerprint as fp
 
 MAX_KEPT_BYTES = 256 << 20  # inputs kept for re-runs, over all calls
-ALERT_TEXT = "does not have a deterministic implementation"
+# PyTorch's alerts (warn_only): an op without a deterministic kernel here, and cuBLAS without a fixed workspace
+# (CUBLAS_WORKSPACE_CONFIG unset on CUDA >= 10.2)
+ALERT_TEXTS = ("does not have a deterministic implementation", "this operation is not deterministic because")
 # Ops whose output is allocated, not computed: their bits are not a result.
 UNINITIALIZED = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
                  "aten.resize_")
@@ -68,6 +70,8 @@ class Recorder:
     over_budget: set[str] = field(default_factory=set)
 
     def __call__(self, func: Any, _types: Any, args: tuple[Any, ...], kwargs: dict[str, Any], _call: Any) -> None:
+        if not hasattr(func, "_schema"):
+            return None  # a higher-order operator (a compiled region): counted, its ops are not re-run alone
         name = op_name(func)
         calls = self.kept.setdefault(name, [])
         if len(calls) >= self.calls_per_op:
@@ -126,14 +130,14 @@ def alert(call: Kept) -> str | None:
     with warnings.catch_warnings(record=True) as caught, _Flags(True, True):
         warnings.simplefilter("always")
         call.func(*args, **kwargs)
-    found = [str(w.message) for w in caught if ALERT_TEXT in str(w.message)]
+    found = [str(w.message) for w in caught if any(text in str(w.message) for text in ALERT_TEXTS)]
     return found[0].splitlines()[0] if found else None
 
 
 def distinct_results(call: Kept, reruns: int, seed: int = 0) -> int:
     """How many different results `reruns` runs of the call on fresh copies of its inputs give, under the
     flags it ran under in the step (outputs and inputs after the run, as digests)."""
-    seeded = torch.Tag.nondeterministic_seeded in call.func.tags
+    seeded = torch.Tag.nondeterministic_seeded in getattr(call.func, "tags", ())
     seen = set()
     with _Flags(call.deterministic, call.warn_only), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # warn_only alerts were counted by `alert`
@@ -169,7 +173,7 @@ def check_op(name: str, count: int, calls: list[Kept], reruns: int, over_budget:
         parts.append(f"alert: {alerts[0]}")
     if distinct:
         seeded = " (random op; generator reseeded per run)" if torch.Tag.nondeterministic_seeded in \
-            calls[0].func.tags else ""
+            getattr(calls[0].func, "tags", ()) else ""
         parts.append(f"re-run: {distinct} distinct result{'s' if distinct > 1 else ''} in {reruns} "
                      f"(first {len(calls)} call{'s' if len(calls) > 1 else ''}){seeded}")
     if errors:
