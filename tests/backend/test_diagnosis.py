@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import DiagnosisRecord, FindingCell
+from detlab.backend.reports import findings
 from detlab.core.settings import Settings
 
 TOKEN = "t" * 32
@@ -135,3 +136,20 @@ def test_a_train_job_has_no_diagnosis_and_a_diagnosis_no_comparison(client: Test
     assert client.get(f"/api/v1/jobs/{audit['id']}/comparison").status_code == 404
     resp = client.get(f"/api/v1/jobs/{audit['id']}/diagnosis")
     assert resp.status_code == 404 and "no diagnosis results yet" in resp.text
+
+
+def test_an_exported_diagnosis_result_imports_as_findings_cells() -> None:
+    job = {"workload": "batch-invariance", "created_at": "2026-12-01T20:00:00+00:00", "world_size": 1,
+           "configs": [{"name": "default", "body": {"env": {}}}],
+           "runs": [{"device": "NVIDIA H200"}]}
+    result = {"kind": "batch-invariance", "workload": None, "configs": [{
+        "index": 0, "label": "default", "device": "NVIDIA H200", "tf32": False, "model": None,
+        "results": [{"op": "mm", "dtype": "bfloat16", "batch_size": b, "invariant": b <= 32, "max_ulp": 0 if b <= 32
+                     else 4} for b in (1, 32, 128)],
+        "summary": [{"op": "mm", "dtype": "bfloat16", "first_break": 128}]}]}
+    rows, cells = findings.from_file("h200/bi.json", {"job": job, "result": result})
+    assert rows == []
+    [found] = cells
+    assert (found["kind"], found["op"], found["dtype"], found["identical"], found["comparable"]) == (
+        "batch-invariance", "mm", "bfloat16", 2, 3)
+    assert found["hardware"] == "1 x NVIDIA H200"
