@@ -160,7 +160,8 @@ def audit_result(records: list[Record], spec: RankSpec) -> dict[str, Any]:
     rows = [r.model_dump() for r in records if isinstance(r, AuditOpRecord)]
     claims = bool(spec.torch and spec.torch.deterministic_algorithms)
     return {**diagnosis.audit_json(rows), "ineffective": diagnosis.ineffective(rows, claims),
-            "workload": spec.workload, "device": env.device if env else None, "threads": spec.threads,
+            "workload": spec.workload, "device": env.device if env else None,
+            "threads": env.torch_flags.num_threads if env and env.torch_flags else spec.threads,  # as in effect
             "torch_flags": env.torch_flags.model_dump() if env and env.torch_flags else None}
 
 
@@ -179,10 +180,11 @@ def _print_invariance(result: dict[str, Any]) -> None:
 
 def _print_audit(result: dict[str, Any]) -> None:
     print(f"# detlab audit: {result['workload']} on {result['device']}, {result['threads'] or 'default'} threads")
-    print(f"{'op':<40} {'count':>7}  {'nondet':<6}  evidence")
+    width = max([24, *(len(o["op"]) for o in result["ops"])])
+    print(f"{'op':<{width}} {'count':>7}  {'nondet':<6}  evidence")
     for o in result["ops"]:
         flag = {True: "yes", False: "no", None: "?"}[o["nondeterministic"]]
-        print(f"{o['op']:<40} {o['count']:>7}  {flag:<6}  {o['evidence']}")
+        print(f"{o['op']:<{width}} {o['count']:>7}  {flag:<6}  {o['evidence']}")
     if result["ineffective"]:
         print(f"flags that do nothing: the config claims determinism, yet {', '.join(result['ineffective'])} "
               "gave different bits on re-run")
