@@ -14,7 +14,7 @@ from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from detlab.backend import static
-from detlab.backend.api import auth, compare, findings, ingest, jobs, meta
+from detlab.backend.api import auth, compare, diagnosis, findings, ingest, jobs, meta
 from detlab.backend.api.deps import SESSION_COOKIE, PageAccess, Reading
 from detlab.backend.figures.train import warm_up as warm_up_figures
 from detlab.backend.guards import Guard
@@ -70,6 +70,7 @@ def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> 
     app.include_router(findings.router, dependencies=[Reading])
     app.include_router(jobs.router, dependencies=[Reading])
     app.include_router(jobs.runs_router, dependencies=[Reading])
+    app.include_router(diagnosis.router, dependencies=[Reading])
     app.include_router(compare.router, dependencies=[Reading])
     app.include_router(ingest.router)
     app.include_router(auth.router)

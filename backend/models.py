@@ -269,6 +269,21 @@ class CommLog(Base):
     parsed: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
+class DiagnosisRecord(Base):
+    """One result of a diagnosis run (detlab.core.wire: `invariance`, `model-invariance`, `audit-op`), as the
+    rank recorded it: `key` names it within its run (op/dtype/batch size, batch size, or op), `body` is the
+    validated record."""
+
+    __tablename__ = "diagnosis_records"
+    __table_args__ = (UniqueConstraint("run_id", "type", "key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    type: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(String(160))
+    body: Mapped[dict[str, Any]]
+
+
 class Finding(Base):
     """One measured cell of the team's history: config × (op, dtype, size) on a hardware and library
     stack, reproducible or not, at what bandwidth. From finished jobs or imported result files."""

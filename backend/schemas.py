@@ -9,11 +9,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from detlab.backend.models import CANCELLED, FAILED, QUEUED, RECORDING, RUNNING, SUCCEEDED
 from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
+from detlab.core.diagnosis import VERDICTS as DIAGNOSIS_VERDICTS
 from detlab.core.text import storable
 
 # The ingest bodies (Claim, RecordsBatch, CommLogUpload, Finish, Heartbeat) are the wire contract
 # between server and worker: detlab.core.wire.
-from detlab.core.wire import INT32, INT64, MAX_TAGS, BitFlip, Tag, Tags
+from detlab.core.wire import INT32, INT64, MAX_TAGS, BitFlip, DiagnosisSpec, Tag, Tags
 
 
 class RequestBody(BaseModel):
@@ -62,10 +63,13 @@ class JobCreate(RequestBody):
         {"kind": "sweep", "configs": [{"preset": "default"}], "world_size": 2,
          "sweep": {"over": "collective", "knobs": {"NCCL_ALGO": ["Ring", "Tree", None],
                                                      "NCCL_PROTO": ["Simple", None]}}},
+        {"kind": "batch-invariance", "configs": [{"preset": "default"}],
+         "diagnosis": {"ops": ["mm", "sum"], "dtypes": ["float32"], "batch_sizes": [1, 2, 4, 8], "features": 256}},
+        {"kind": "op-audit", "workload": "scatter", "configs": [{"preset": "default", "threads": 2}]},
     ]})
 
     # Integers bounded to the Integer columns they fill; the server's own limits are checked after.
-    kind: Literal["train", "collective", "sweep"] = "train"
+    kind: Literal["train", "collective", "sweep", "batch-invariance", "op-audit"] = "train"
     workload: str | None = Field(default=None, min_length=1, max_length=64)
     configs: list[dict[str, Any]] = Field(min_length=1, max_length=8)
     world_size: int = Field(default=1, ge=1, le=INT32)
@@ -75,6 +79,9 @@ class JobCreate(RequestBody):
     inject_bitflip: BitFlip | None = None
     collective: CollectiveParams | None = None
     sweep: SweepParams | None = None
+    # batch-invariance: ops × dtypes × batch sizes at features (and diagnosis.workload's forward, if given);
+    # op-audit: re-runs per kept call of the workload's step. Bounded so a worker can hold it.
+    diagnosis: DiagnosisSpec | None = None
     queue: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")
     tags: Tags = Field(default_factory=list)
 
@@ -158,9 +165,10 @@ class JobSummary(BaseModel):
     queue: str
 
 
-JOB_KINDS = ("train", "collective", "sweep", RECORDING)
+JOB_KINDS = ("train", "collective", "sweep", "batch-invariance", "op-audit", RECORDING)
 JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
-VERDICTS = ("identical", "diverged", "incomplete", "incomparable", "reproducible", "not-reproducible")
+VERDICTS = ("identical", "diverged", "incomplete", "incomparable", "reproducible", "not-reproducible",
+            *DIAGNOSIS_VERDICTS)
 JOB_SORTS = ("created", "id", "status", "verdict", "workload", "kind")
 
 
@@ -367,6 +375,60 @@ class CollectiveResult(OpenModel):
     logs: list[dict[str, Any]]
     note: str | None
     export: dict[str, Any]
+
+
+class InvarianceRow(OpenModel):
+    op: str
+    dtype: str
+    batch_size: int
+    invariant: bool
+    max_ulp: int
+
+
+class FirstBreak(OpenModel):
+    op: str
+    dtype: str
+    first_break: int | None
+
+
+class ModelInvariance(OpenModel):
+    workload: str
+    batch_sizes: list[int]
+    invariant: bool
+    first_module: str | None
+    first_break: int | None
+
+
+class AuditOp(OpenModel):
+    op: str
+    count: int
+    nondeterministic: bool | None
+    evidence: str
+
+
+class DiagnosisConfig(OpenModel):
+    """One config of a diagnosis job: where it ran and under which flags, and what it measured (the keys of
+    its kind: results/summary/model for batch-invariance, ops/ineffective for op-audit)."""
+
+    index: int
+    label: str
+    device: str | None
+    tf32: bool | None = None
+    torch_flags: dict[str, Any] | None = None
+    threads: int | None = None
+    results: list[InvarianceRow] | None = None
+    summary: list[FirstBreak] | None = None
+    model: ModelInvariance | None = None
+    ops: list[AuditOp] | None = None
+    ineffective: list[str] | None = None
+
+
+class DiagnosisResult(OpenModel):
+    """GET /jobs/{id}/diagnosis: a batch-invariance or op-audit job's result, per config."""
+
+    kind: Literal["batch-invariance", "op-audit"]
+    workload: str | None
+    configs: list[DiagnosisConfig]
 
 
 class PlotlyFigure(OpenModel):

@@ -168,10 +168,12 @@ def _json_option(value: str | None, option: str) -> Any:
 def submit(
     config: Annotated[list[str], typer.Option(help="preset name or path to a JSON config; give two to compare")],
     workload: Annotated[str | None, typer.Option(help="train: mlp, tiny-lm, scatter, ...")] = None,
-    kind: Annotated[str, typer.Option(help="train, collective or sweep")] = "train",
+    kind: Annotated[str, typer.Option(help="train, collective, sweep, batch-invariance or op-audit")] = "train",
     collective: Annotated[str | None, typer.Option(help='collective/sweep: JSON, e.g. {"ops": ["all_gather"]}')] = None,
     knobs: Annotated[str | None, typer.Option(
         help="sweep: JSON object, knob name to a list of values (null = the library default)")] = None,
+    diagnosis: Annotated[str | None, typer.Option(help=(
+        'batch-invariance/op-audit: JSON, e.g. {"ops": ["mm"], "batch_sizes": [1, 2, 4], "features": 4096}'))] = None,
     server: Server = "http://127.0.0.1:8000",
     world_size: int = 1,
     steps: Annotated[int | None, typer.Option(help="default: the workload's")] = None,
@@ -201,6 +203,8 @@ def submit(
                             "collective": _json_option(collective, "--collective")}
     if kind == "sweep":
         body["sweep"] = {"over": "collective", "knobs": _json_option(knobs, "--knobs")}
+    if diagnosis is not None:
+        body["diagnosis"] = _json_option(diagnosis, "--diagnosis")
     try:
         with httpx.Client(base_url=server.rstrip("/"), timeout=60, headers=_auth_headers()) as http:
             resp = http.post("/api/v1/jobs", json=body)
@@ -219,7 +223,9 @@ def submit(
                 job = http.get(f"/api/v1/jobs/{job['id']}").json()
                 if not as_json:
                     typer.echo(f"job {job['id']}: {job['status']} {job['progress']:.0%}", err=True)
-            found = http.get(f"/api/v1/jobs/{job['id']}/{'comparison' if kind == 'train' else 'collective'}")
+            what = {"train": "comparison", "batch-invariance": "diagnosis", "op-audit": "diagnosis"}.get(
+                kind, "collective")
+            found = http.get(f"/api/v1/jobs/{job['id']}/{what}")
             result = {"job": job, **(found.json() if found.status_code == 200 else {})}
     except httpx.TransportError as exc:  # server down or unreachable: one line, not a traceback
         typer.echo(f"error: cannot reach {server}: {exc}", err=True)
@@ -233,6 +239,9 @@ def submit(
             typer.echo(f"  missing: {missing}")
         for row in result.get("throughput") or []:
             typer.echo(f"  config {row['config_index']} {row['name']}: cost {row.get('cost_text') or '—'}")
+    elif kind in ("batch-invariance", "op-audit"):
+        typer.echo(f"job {job['id']} {job['status']}: {job.get('verdict') or 'nothing measured'}; "
+                   f"{server}/jobs/{job['id']}")
     else:
         cells = result.get("cells", [])
         typer.echo(f"job {job['id']} {job['status']}: {sum(c['reproducible'] for c in cells)}/{len(cells)} "
@@ -259,6 +268,10 @@ def gate_failures(result: dict[str, Any], kind: str, *, check: bool, max_cost: f
             elif row.get("identical_to_first") != row["comparable"]:
                 failures.append(f"config {row['config_index']} {row['name']}: {row.get('identical_to_first')} of "
                                 f"{row['comparable']} comparable repeats identical to the first")
+    elif check and kind in ("batch-invariance", "op-audit"):
+        verdict = (result.get("job") or {}).get("verdict")
+        if verdict not in ("invariant", "deterministic"):
+            failures.append(f"verdict {verdict or 'none: nothing was measured'}")
     elif check:
         bad = [c for c in result.get("cells") or [] if not c.get("reproducible")]
         if bad or not result.get("cells"):
@@ -504,6 +517,32 @@ def verify_collective(ctx: typer.Context) -> None:
     from detlab.worker.verify import main
 
     raise typer.Exit(main(list(ctx.args)))
+
+
+_PASS_ON = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command("batch-invariance", add_help_option=False, context_settings=_PASS_ON)
+def batch_invariance(ctx: typer.Context) -> None:
+    """Does row 0 of a batched op equal the batch-1 result bitwise? No server needed.
+
+    Options: --device auto|cpu|cuda --ops mm,linear,... --dtypes float32,bfloat16,float16 --batch-sizes 1,2,4
+    --features N --workload NAME --config PRESET|JSON --threads N --json (see `detlab batch-invariance --help`).
+    Exits 0 when everything is invariant, 1 otherwise, 2 for bad options."""
+    from detlab.worker.diagnose.cli import main
+
+    raise typer.Exit(main("batch-invariance", list(ctx.args)))
+
+
+@app.command("audit", add_help_option=False, context_settings=_PASS_ON)
+def audit(ctx: typer.Context) -> None:
+    """Every aten op of one training step of a workload, checked for nondeterminism on this device.
+
+    Options: --workload NAME --device auto|cpu|cuda --threads N --config PRESET|JSON --reruns K --json.
+    Exits 0 when no op was found nondeterministic, 1 otherwise, 2 for bad options."""
+    from detlab.worker.diagnose.cli import main
+
+    raise typer.Exit(main("op-audit", list(ctx.args)))
 
 
 # What `compare --json` prints of a verdict (per-step rows and loss curves stay out: they grow with the run).

@@ -24,7 +24,11 @@ from typing import Literal
 
 from detlab.core.wire import MAX_WORLD_SIZE, RECORD, RankSpec, Record, WorkerCapacity
 
-RANK_PROGRAMS = {"train": "detlab.worker.ranks.train", "collective": "detlab.worker.ranks.collective"}
+RANK_PROGRAMS = {"train": "detlab.worker.ranks.train", "collective": "detlab.worker.ranks.collective",
+                 "batch-invariance": "detlab.worker.ranks.diagnose", "op-audit": "detlab.worker.ranks.diagnose"}
+# Records that are a run's progress (a step, a collective trial, a diagnosis result): before a rank's first,
+# it may take first_step_timeout_s (building, compiling, tracing); after it, hang_timeout_s between records.
+PROGRESS_RECORDS = ("step", "trial", "invariance", "model-invariance", "audit-op")
 
 
 class RankFailed(RuntimeError):
@@ -114,7 +118,7 @@ class SpoolReader:
             if records and path.stem.removeprefix("rank").isdigit():
                 rank = int(path.stem.removeprefix("rank"))
                 self.advanced_at[rank] = now
-                if any(r.type in ("step", "trial") for r in records):
+                if any(r.type in PROGRESS_RECORDS for r in records):
                     self.stepped.add(rank)
             out += records
         return out

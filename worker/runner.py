@@ -166,7 +166,7 @@ def _launch_and_stream(spec: RunSpec, client: IngestClient, device: Literal["aut
         folder = Path(tmp)
         (folder / OWNER_FILE).write_text(str(os.getpid()))
         failure: str | None = None
-        script = registered().get(spec.workload)
+        script = registered().get(spec.workload) if spec.kind == "train" else None  # scripts only train
 
         def env(rank: int) -> dict[str, str]:
             return {**child_env(spec, rank, folder), **(script_env(spec, folder) if script else {})}

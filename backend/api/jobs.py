@@ -35,7 +35,7 @@ from detlab.backend.schemas import (
 )
 from detlab.backend.services import cache, cancel, idempotency, job_list, jobs, why
 from detlab.backend.services.dispatch import send, undispatch
-from detlab.backend.services.settle import is_collective, job_result
+from detlab.backend.services.settle import is_collective, is_diagnosis, job_result
 from detlab.backend.services.workers import queue_state
 from detlab.core import commlog
 from detlab.core.wire import INT32
@@ -171,7 +171,8 @@ def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: 
 def _result(job_id: int, session: SessionDep, *, collective: bool) -> dict[str, Any]:
     """The job's result (stored once it finished, live before), if the job is of this kind."""
     job = _job_or_404(session, job_id)
-    result = job_result(session=session, job=job) if is_collective(job) == collective else None
+    of_kind = is_collective(job) == collective and not is_diagnosis(job)
+    result = job_result(session=session, job=job) if of_kind else None
     session.commit()  # a job finished before results were stored has just had its result stored
     if result is None:
         raise HTTPException(404, f"job {job_id} has no {'collective trials' if collective else 'recorded steps'} yet")

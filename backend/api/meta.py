@@ -13,7 +13,7 @@ from detlab.backend.schemas import JOB_KINDS, JOB_STATUSES, VERDICTS
 from detlab.backend.services.dispatch import broker_state
 from detlab.backend.services.jobs import MAX_SIZES, MAX_SWEEP_CELLS
 from detlab.backend.services.workers import known_workloads, live_workers
-from detlab.core import collective, configs
+from detlab.core import collective, configs, diagnosis
 from detlab.core.configs import ConfigBody
 from detlab.core.wire import MAX_TAGS, TAG_LENGTH, TAG_PATTERN
 from detlab.core.workloads import WorkloadInfo
@@ -53,6 +53,21 @@ class LimitsRead(BaseModel):
     tag_pattern: str
 
 
+class DiagnosisLists(BaseModel):
+    """What a batch-invariance or op-audit job may ask for (detlab.core.diagnosis)."""
+
+    ops: list[str]
+    dtypes: list[str]
+    default_batch_sizes: list[int]
+    min_features: int
+    max_features: int
+    features_multiple: int
+    max_batch: int
+    max_batch_sizes: int
+    max_elements: int
+    max_reruns: int
+
+
 class MetaRead(BaseModel):
     """The lists the server owns, in the order the pages show them."""
 
@@ -64,6 +79,7 @@ class MetaRead(BaseModel):
     job_kinds: list[str]
     job_statuses: list[str]
     verdicts: list[str]
+    diagnosis: DiagnosisLists
 
 
 class PresetRead(BaseModel):
@@ -111,6 +127,12 @@ def meta(settings: SettingsDep) -> MetaRead:
                           max_sizes=MAX_SIZES, max_tags=MAX_TAGS, max_tag_length=TAG_LENGTH,
                           tag_pattern=TAG_PATTERN),
         job_kinds=list(JOB_KINDS), job_statuses=list(JOB_STATUSES), verdicts=list(VERDICTS),
+        diagnosis=DiagnosisLists(ops=list(diagnosis.INVARIANCE_OPS), dtypes=list(diagnosis.INVARIANCE_DTYPES),
+                                 default_batch_sizes=list(diagnosis.DEFAULT_BATCH_SIZES),
+                                 min_features=diagnosis.MIN_FEATURES, max_features=diagnosis.MAX_FEATURES,
+                                 features_multiple=diagnosis.FEATURES_MULTIPLE, max_batch=diagnosis.MAX_BATCH,
+                                 max_batch_sizes=diagnosis.MAX_BATCH_SIZES, max_elements=diagnosis.MAX_ELEMENTS,
+                                 max_reruns=diagnosis.MAX_RERUNS),
     )
 
 

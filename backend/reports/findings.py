@@ -7,6 +7,7 @@ in SQL (see detlab.backend.reports.matrix)."""
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import Finding, FindingCell, Job, RankEnv, Run
 from detlab.backend.schemas import JobRead
+from detlab.core.diagnosis import DIAGNOSIS_KINDS
 from detlab.core.train import cost_text
 
 TRAIN_KEYS = ("verdict", "throughput", "reproducibility")  # a train comparison, stored or exported
@@ -137,6 +139,39 @@ def train_cells(source: str, job: dict[str, Any], result: dict[str, Any], facts:
     return out
 
 
+def _op_column(op: str) -> str:
+    """An op name as the 32-character column holds it: long aten names keep their head and a hash of the whole."""
+    return op if len(op) <= 32 else f"{op[:23]}~{hashlib.sha1(op.encode()).hexdigest()[:8]}"
+
+
+def diagnosis_cells(source: str, job: dict[str, Any], result: dict[str, Any], facts: dict[int, dict[str, Any]],
+                    *, job_id: int | None = None, measured_at: Any = None) -> list[dict[str, Any]]:
+    """A diagnosis job's measurements, keyed like the others (config × op × stack): batch-invariance, one per
+    config × op × dtype, batch sizes invariant of batch sizes measured (and the workload's forward, op
+    "model"); op-audit, one per config × op checked, 1 of 1 when it gave the same bits and no alert."""
+    configs = job["configs"]
+    out = []
+    for c in result["configs"]:
+        i = int(c["index"])
+        base = {"source": source, "job_id": job_id, "measured_at": _when(measured_at or job["created_at"]),
+                "kind": result["kind"], "workload": job["workload"], "config_index": i, "config": c["label"][:64],
+                "config_env": configs[i]["body"].get("env", {}) if i < len(configs) else {},
+                **stack_of(facts.get(i) or {}, 1), "cost": None, "cost_lo": None, "cost_hi": None,
+                "first_divergent_step": None, "largest_bytes": None, "busbw_gbps": None}
+        if result["kind"] == "batch-invariance":
+            groups: dict[tuple[str, str], list[bool]] = {}
+            for r in c["results"]:
+                groups.setdefault((r["op"], r["dtype"]), []).append(r["invariant"])
+            if c.get("model"):
+                groups[("model", "")] = [c["model"]["invariant"]]  # the forward, at its batch sizes
+            out += [{**base, "op": op, "dtype": dtype, "identical": sum(flags), "comparable": len(flags), "runs": 1}
+                    for (op, dtype), flags in groups.items()]
+        else:
+            out += [{**base, "op": _op_column(o["op"]), "dtype": "", "identical": int(not o["nondeterministic"]),
+                     "comparable": 1, "runs": 1} for o in c["ops"] if o["nondeterministic"] is not None]
+    return out
+
+
 def _file_facts(job: dict[str, Any], result: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """Stack facts an exported file holds: a train comparison's environment (A, B), else the runs' device."""
     device = next((r["device"] for r in job.get("runs", []) if r.get("device")), None)
@@ -155,6 +190,8 @@ def from_file(source: str, data: Any) -> tuple[list[dict[str, Any]], list[dict[s
         raise NotAResult("no 'job' object")
     job = data["job"]
     result: dict[str, Any] = data["result"] if isinstance(data.get("result"), dict) else data
+    if result.get("kind") in DIAGNOSIS_KINDS and "configs" in result:
+        return [], diagnosis_cells(source, job, result, _file_facts(job, result))
     if "cells" in result and "configs" in result:
         rows = rows_from_result(source, job, result)
         return rows, collective_cells(source, job, rows, _file_facts(job, result)[0])
@@ -210,7 +247,10 @@ def record_job(*, session: Session, job: Job, result: dict[str, Any]) -> None:
     data = JobRead.model_validate(job).model_dump()
     facts = job_facts(session=session, job=job)
     measured_at = job.finished_at or job.created_at
-    if "cells" in result:
+    if result.get("kind") in DIAGNOSIS_KINDS:
+        store(session=session, rows=[], cells=diagnosis_cells(source, data, result, facts, job_id=job.id,
+                                                              measured_at=measured_at), sources={source})
+    elif "cells" in result:
         rows = rows_from_result(source, data, result)
         cells = collective_cells(source, data, rows, facts.get(0, {}), job_id=job.id)
         for cell in cells:

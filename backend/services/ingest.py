@@ -20,6 +20,7 @@ from detlab.backend.models import (
     RUNNING,
     CollectiveTrial,
     CommLog,
+    DiagnosisRecord,
     RankEnv,
     Run,
     StepRecord,
@@ -29,6 +30,7 @@ from detlab.backend.models import (
 from detlab.backend.services.settle import settle
 from detlab.backend.services.workers import as_utc
 from detlab.core import commlog, wire
+from detlab.core.diagnosis import DIAGNOSIS_KINDS
 
 MAX_LOG_BYTES = 16 << 20  # decompressed; the worker truncates before sending
 # Record fields not copied as they are into their table's columns: the ranks write some for their own
@@ -52,7 +54,7 @@ def claim(*, session: Session, run: Run, worker: str, stale_after_s: float) -> w
     if run.status == RUNNING and beat and utcnow() - beat < timedelta(seconds=stale_after_s):
         raise Conflict(f"run {run.id} is running on {run.node} (attempt {run.attempt})")
     # A new attempt starts over: the previous attempt's partial records go, so no step is stored twice.
-    for model in (StepRecord, RankEnv, TensorMeta, CollectiveTrial, CommLog):
+    for model in (StepRecord, RankEnv, TensorMeta, CollectiveTrial, CommLog, DiagnosisRecord):
         session.execute(delete(model).where(model.run_id == run.id))
     run.attempt += 1
     run.status, run.node, run.error = RUNNING, worker, None
@@ -69,10 +71,12 @@ def run_spec(run: Run) -> wire.RunSpec:
     so a run whose env a newer allow-list refuses fails with that message instead of never starting."""
     stored = run.job.params.get("collective")  # the job's CollectiveParams and the sizes they give
     collective = {k: v for k, v in stored.items() if k in wire.CollectiveSpec.model_fields} if stored else None
+    kind = run.job.kind if run.job.kind in DIAGNOSIS_KINDS else \
+        "collective" if run.job.workload == "collective" else "train"
     return wire.RunSpec.model_validate({
         **{k: v for k, v in run.config.body.items() if k in ("seed", "threads", "env", "torch")},
         "run_id": run.id, "attempt": run.attempt, "workload": run.job.workload,
-        "kind": "collective" if run.job.workload == "collective" else "train", "collective": collective,
+        "kind": kind, "collective": collective, "diagnosis": run.job.params.get("diagnosis"),
         "world_size": run.world_size, "steps": run.steps_total,
         "fingerprint_interval": run.job.params.get("fingerprint_interval", 1),
         "inject_bitflip": run.job.params.get("inject_bitflip"),
@@ -94,6 +98,17 @@ def _check_attempt(run: Run, attempt: int) -> None:
         raise Conflict(f"attempt {attempt} is stale: run {run.id} is on attempt {run.attempt}")
 
 
+def diagnosis_key(rec: wire.InvarianceRecord | wire.ModelInvarianceRecord | wire.AuditOpRecord) -> str:
+    """What names a diagnosis result within its run (a record sent twice is stored once)."""
+    match rec:
+        case wire.InvarianceRecord():
+            return f"{rec.op}/{rec.dtype}/{rec.batch_size}"
+        case wire.ModelInvarianceRecord():
+            return str(rec.batch_size)
+        case wire.AuditOpRecord():
+            return rec.op
+
+
 def _row(run: Run, rec: wire.EnvRecord | wire.StepRecord | wire.TrialRecord) -> dict[str, Any]:
     return {"run_id": run.id, **rec.model_dump(exclude=NOT_STORED[type(rec)])}
 
@@ -107,6 +122,7 @@ def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
     envs: list[dict[str, Any]] = []
     tensors: list[dict[str, Any]] = []
     trials: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     for i, rec in enumerate(batch.records):
         if not isinstance(rec, wire.TensorsRecord) and rec.rank >= run.world_size:
             raise ValueError(f"records.{i}: rank {rec.rank} is outside the run's world_size {run.world_size}")
@@ -125,16 +141,23 @@ def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
                 trials.append(_row(run, rec))
             case wire.TensorsRecord():
                 tensors += [{"run_id": run.id, **t.model_dump()} for t in rec.tensors]
+            case wire.InvarianceRecord() | wire.ModelInvarianceRecord() | wire.AuditOpRecord():
+                results.append({"run_id": run.id, "type": rec.type, "key": diagnosis_key(rec),
+                                "body": rec.model_dump(exclude={"type", "rank"})})
     _insert(session, StepRecord, steps)
     _insert(session, RankEnv, envs)
     _insert(session, TensorMeta, tensors)
     _insert(session, CollectiveTrial, trials)
+    _insert(session, DiagnosisRecord, results)
     if steps:
         run.steps_done = max(run.steps_done, max(s["step"] for s in steps))
     if trials:  # a collective run's progress: (op, dtype, size) cells that rank 0 finished
         cells = select(CollectiveTrial.op, CollectiveTrial.dtype, CollectiveTrial.bytes).where(
             CollectiveTrial.run_id == run.id, CollectiveTrial.rank == 0).distinct().subquery()
         run.steps_done = session.scalar(select(func.count()).select_from(cells)) or 0
+    if results:  # a diagnosis run's progress: results recorded, of the cells it was sized for
+        done = session.scalar(select(func.count()).where(DiagnosisRecord.run_id == run.id)) or 0
+        run.steps_done = min(run.steps_total, done)
     run.heartbeat_at = utcnow()
     return len(batch.records)
 

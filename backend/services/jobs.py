@@ -27,8 +27,9 @@ from detlab.backend.models import (
 from detlab.backend.schemas import CollectiveParams, JobCreate
 from detlab.backend.services.workers import known_workloads, queue_state
 from detlab.core import configs
+from detlab.core.diagnosis import DIAGNOSIS_KINDS
 from detlab.core.settings import Settings
-from detlab.core.wire import explain
+from detlab.core.wire import DiagnosisSpec, explain
 from detlab.core.workloads import WorkloadInfo
 
 
@@ -114,6 +115,10 @@ def _validate(data: JobCreate, settings: Settings,
             raise InvalidJob("a sweep needs `sweep` (over, knobs) and exactly one base config")
         bodies = expand_sweep(bodies[0], data.sweep.knobs)
         kind = data.sweep.over
+    if kind in DIAGNOSIS_KINDS:
+        return _validate_diagnosis(data, bodies, workloads)
+    if data.diagnosis is not None:
+        raise InvalidJob(f"a {kind} job takes no `diagnosis` parameters")
     if kind == "collective":
         params = data.collective or CollectiveParams()
         sizes = params.sizes()
@@ -144,6 +149,30 @@ def _validate(data: JobCreate, settings: Settings,
     return data.workload, steps, bodies
 
 
+def _validate_diagnosis(data: JobCreate, bodies: list[configs.ConfigBody], workloads: dict[str, WorkloadInfo],
+                        ) -> tuple[str, int, list[configs.ConfigBody]]:
+    """A batch-invariance or op-audit job: one rank per config (its world_size is 1), a workload of the
+    workers' that is not a script (its model is built here), and its size in results (the run's steps)."""
+    spec = data.diagnosis or DiagnosisSpec()
+    if data.world_size != 1 or any((b.world_size or 1) != 1 for b in bodies):
+        raise InvalidJob(f"a {data.kind} job runs one rank per config: world_size must be 1")
+    if data.collective or data.sweep or data.inject_bitflip or data.steps:
+        raise InvalidJob(f"a {data.kind} job takes no collective, sweep, inject_bitflip or steps")
+    if data.kind == "op-audit" and spec.workload is not None and data.workload not in (None, spec.workload):
+        raise InvalidJob("give the workload once: `workload` (diagnosis.workload is batch-invariance's)")
+    workload = data.workload or spec.workload
+    if data.kind == "op-audit" and workload is None:
+        raise InvalidJob("an op-audit needs a workload: the one whose training step is audited")
+    if workload is not None and (workload not in workloads or workloads[workload].script):
+        known = sorted(name for name, info in workloads.items() if not info.script)
+        raise InvalidJob(f"unknown workload {workload!r} for {data.kind} (registered scripts cannot be "
+                         f"diagnosed); known: {known}")
+    if data.kind == "batch-invariance":
+        steps = spec.cells() + (len(spec.batch_sizes) if workload else 0)
+        return workload or "batch-invariance", steps, bodies
+    return str(workload), 1, bodies
+
+
 def _check_load(*, session: Session, data: JobCreate, steps: int, bodies: list[configs.ConfigBody],
                 settings: Settings) -> None:
     """Nothing is accepted that the workers cannot hold: each run's world size against what the workers of
@@ -170,7 +199,12 @@ def create_job(*, session: Session, data: JobCreate, settings: Settings, submitt
     _check_load(session=session, data=data, steps=steps, bodies=bodies, settings=settings)
     stored = [get_or_create_config(session=session, body=b) for b in bodies]
     params: dict[str, Any] = {"fingerprint_interval": data.fingerprint_interval}
-    if workload == "collective":
+    if data.kind in DIAGNOSIS_KINDS:
+        spec = data.diagnosis or DiagnosisSpec()
+        # batch-invariance checks its workload's forward (diagnosis.workload); op-audit runs the job's
+        params["diagnosis"] = spec.model_copy(update={
+            "workload": workload if data.kind == "batch-invariance" and workload != data.kind else None}).model_dump()
+    elif workload == "collective":
         params["collective"] = {**(data.collective or CollectiveParams()).model_dump(),
                                 "sizes": (data.collective or CollectiveParams()).sizes()}
     else:
@@ -243,7 +277,11 @@ def spec_of(job: Job) -> dict[str, Any]:
         spec["sweep"] = params["sweep"]
     else:
         spec["configs"] = [dict(c.body) for c in job.configs]
-    if job.workload == "collective":
+    if job.kind in DIAGNOSIS_KINDS:
+        spec["diagnosis"] = params["diagnosis"]
+        if job.kind == "op-audit":
+            spec["workload"] = job.workload
+    elif job.workload == "collective":
         fields = CollectiveParams.model_fields
         spec["collective"] = {k: v for k, v in (params.get("collective") or {}).items() if k in fields}
     else:

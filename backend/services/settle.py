@@ -11,10 +11,12 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import FINISHED, Job
 from detlab.backend.reports import collective as collective_report
+from detlab.backend.reports import diagnosis as diagnosis_report
 from detlab.backend.reports import findings
 from detlab.backend.reports import train as train_report
 from detlab.backend.services.jobs import roll_up
 from detlab.core import steps
+from detlab.core.diagnosis import DIAGNOSIS_KINDS
 
 
 def is_collective(job: Job) -> bool:
@@ -22,8 +24,15 @@ def is_collective(job: Job) -> bool:
     return job.workload == "collective"
 
 
+def is_diagnosis(job: Job) -> bool:
+    """batch-invariance and op-audit jobs (reports.diagnosis)."""
+    return job.kind in DIAGNOSIS_KINDS
+
+
 def _build(*, session: Session, job: Job) -> dict[str, Any] | None:
     """The job's result from its records as they are now; None before anything is recorded."""
+    if is_diagnosis(job):
+        return diagnosis_report.build(session=session, job=job)
     report = collective_report if is_collective(job) else train_report
     result = report.build(session=session, job=job)
     if result is None:
@@ -42,6 +51,8 @@ def list_verdict(result: dict[str, Any] | None) -> str | None:
     cell one digest); None when nothing was compared."""
     if not result:
         return None
+    if result.get("kind") in DIAGNOSIS_KINDS:
+        return diagnosis_report.verdict(result)
     if result.get("verdict"):
         return str(result["verdict"])
     if "cells" in result:
@@ -83,6 +94,6 @@ def job_result(*, session: Session, job: Job) -> dict[str, Any] | None:
         return _build(session=session, job=job)
     if job.result is None:
         _store(session=session, job=job)
-    elif not is_collective(job) and steps.is_oversize(job.result):
+    elif not is_collective(job) and not is_diagnosis(job) and steps.is_oversize(job.result):
         job.result = steps.downsample(job.result)  # stored before results were thinned: thinned once
     return job.result or None

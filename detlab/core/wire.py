@@ -12,7 +12,7 @@ than at the insert (a 500); floats that are stored must be finite. Pure pydantic
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import numpy as np
 from pydantic import (
@@ -29,6 +29,22 @@ from pydantic import (
 from detlab.core import sketch
 from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
 from detlab.core.configs import TorchFlags
+from detlab.core.diagnosis import (
+    DEFAULT_BATCH_SIZES,
+    DEFAULT_CALLS_PER_OP,
+    DEFAULT_RERUNS,
+    EVIDENCE_CHARS,
+    INVARIANCE_DTYPES,
+    MAX_BATCH,
+    MAX_BATCH_SIZES,
+    MAX_CALLS_PER_OP,
+    MAX_FEATURES,
+    MAX_RERUNS,
+    MIN_FEATURES,
+    InvarianceDtype,
+    InvarianceOp,
+    invariance_problem,
+)
 from detlab.core.text import storable
 from detlab.core.workloads import WorkloadInfo
 
@@ -107,10 +123,47 @@ class CollectiveSpec(Wire):
         return len(self.ops) * len(self.dtypes) * len(self.sizes)
 
 
+class DiagnosisSpec(Wire):
+    """What a `batch-invariance` or `op-audit` run measures (detlab.core.diagnosis).
+
+    batch-invariance: `ops` × `dtypes` × `batch_sizes` at `features`, and, with `workload`, that workload's
+    forward at the batch sizes it can fill. op-audit: one training step of the run's workload, each op's
+    first `calls_per_op` calls run again `reruns` times on identical inputs."""
+
+    ops: list[InvarianceOp] = Field(default=list(get_args(InvarianceOp)), min_length=1,
+                                    max_length=len(get_args(InvarianceOp)))
+    dtypes: list[InvarianceDtype] = Field(default=["float32"], min_length=1, max_length=len(INVARIANCE_DTYPES))
+    batch_sizes: list[Annotated[int, Field(ge=1, le=MAX_BATCH)]] = Field(
+        default=list(DEFAULT_BATCH_SIZES), min_length=1, max_length=MAX_BATCH_SIZES)
+    features: int = Field(default=256, ge=MIN_FEATURES, le=MAX_FEATURES)
+    workload: WorkloadName | None = None  # batch-invariance: also check this workload's forward
+    reruns: int = Field(default=DEFAULT_RERUNS, ge=2, le=MAX_RERUNS)
+    calls_per_op: int = Field(default=DEFAULT_CALLS_PER_OP, ge=1, le=MAX_CALLS_PER_OP)
+
+    @field_validator("ops", "dtypes")
+    @classmethod
+    def _distinct(cls, names: list[str]) -> list[str]:
+        return list(dict.fromkeys(names))
+
+    @model_validator(mode="after")
+    def _holdable(self) -> DiagnosisSpec:
+        self.batch_sizes = sorted(set(self.batch_sizes))
+        if problem := invariance_problem(self.features, self.batch_sizes):
+            raise ValueError(problem)
+        return self
+
+    def cells(self) -> int:
+        """How many (op, dtype, batch size) results a batch-invariance run records."""
+        return len(self.ops) * len(self.dtypes) * len(self.batch_sizes)
+
+
+RunKind = Literal["train", "collective", "batch-invariance", "op-audit"]
+
+
 class RunPlan(Wire):
     """What one run executes, whoever launches it: the knobs of its config and of its job."""
 
-    kind: Literal["train", "collective"]
+    kind: RunKind
     workload: WorkloadName
     world_size: WorldSize
     steps: int = Field(ge=1, le=INT32)
@@ -122,13 +175,18 @@ class RunPlan(Wire):
     fingerprint_interval: int = Field(default=1, ge=1, le=INT32)
     inject_bitflip: BitFlip | None = None
     collective: CollectiveSpec | None = None
+    diagnosis: DiagnosisSpec | None = None
 
     @model_validator(mode="after")
     def _collective_iff_kind(self) -> RunPlan:
         if self.kind == "collective" and self.collective is None:
             raise ValueError("a collective run needs `collective` (ops, dtypes, sizes, trials, warmup)")
-        if self.kind == "train" and self.collective is not None:
-            raise ValueError("a train run takes no `collective` parameters")
+        if self.kind != "collective" and self.collective is not None:
+            raise ValueError(f"a {self.kind} run takes no `collective` parameters")
+        if self.kind in ("batch-invariance", "op-audit") and self.diagnosis is None:
+            raise ValueError(f"a {self.kind} run needs `diagnosis` parameters")
+        if self.kind in ("train", "collective") and self.diagnosis is not None:
+            raise ValueError(f"a {self.kind} run takes no `diagnosis` parameters")
         return self
 
 
@@ -301,8 +359,54 @@ class TrialRecord(Wire):
         return self
 
 
-Record = Annotated[EnvRecord | TensorsRecord | StepRecord | TrialRecord, Field(discriminator="type")]
-RECORD: TypeAdapter[EnvRecord | TensorsRecord | StepRecord | TrialRecord] = TypeAdapter(Record)
+class InvarianceRecord(Wire):
+    """One (op, dtype, batch size) of a batch-invariance run: row 0 of the batched result against the batch-1
+    result, bit for bit, and their largest distance in units in the last place."""
+
+    type: Literal["invariance"] = "invariance"
+    rank: Rank = 0
+    op: InvarianceOp
+    dtype: InvarianceDtype
+    batch_size: int = Field(ge=1, le=MAX_BATCH)
+    features: int = Field(ge=MIN_FEATURES, le=MAX_FEATURES)
+    invariant: bool
+    max_ulp: int = Field(ge=0, le=INT64)
+
+
+class ModelInvarianceRecord(Wire):
+    """A workload's forward of its sample 0 alone against inside a batch of `batch_size`: the first module (in
+    call order) whose output for sample 0 differs, None when every module's is equal."""
+
+    type: Literal["model-invariance"] = "model-invariance"
+    rank: Rank = 0
+    workload: WorkloadName
+    batch_size: int = Field(ge=1, le=MAX_BATCH)
+    invariant: bool
+    first_module: Str255 | None = None
+    modules_compared: int = Field(ge=0, le=INT32)
+
+
+class AuditOpRecord(Wire):
+    """One aten op of an op-audit's training step: how often it ran and whether it is nondeterministic here,
+    by PyTorch's deterministic-algorithms alert or by different bits on re-runs of identical inputs.
+    `distinct`: the most distinct outputs one re-run call gave (None: not re-run); `evidence` says which."""
+
+    type: Literal["audit-op"] = "audit-op"
+    rank: Rank = 0
+    op: Annotated[str, Field(min_length=1, max_length=128)]
+    count: int = Field(ge=1, le=INT64)
+    nondeterministic: bool | None
+    alert: bool | None = None  # None: the check could not run the op
+    distinct: int | None = Field(default=None, ge=1, le=MAX_RERUNS)
+    reruns: int = Field(default=0, ge=0, le=MAX_RERUNS)
+    evidence: str = Field(max_length=EVIDENCE_CHARS)
+
+
+Record = Annotated[EnvRecord | TensorsRecord | StepRecord | TrialRecord | InvarianceRecord | ModelInvarianceRecord
+                   | AuditOpRecord, Field(discriminator="type")]
+RECORD: TypeAdapter[EnvRecord | TensorsRecord | StepRecord | TrialRecord | InvarianceRecord | ModelInvarianceRecord
+                    | AuditOpRecord] = TypeAdapter(Record)
+DIAGNOSIS_RECORDS = (InvarianceRecord, ModelInvarianceRecord, AuditOpRecord)
 
 
 # ---- ingest bodies and replies -----------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from detlab.core.shards import DIGEST_BYTES, RankTensor
 from detlab.core.train import RunData, StepData
 from detlab.core.wire import (
+    DIAGNOSIS_RECORDS,
     MAX_WORLD_SIZE,
     RECORD,
     EnvRecord,
@@ -124,11 +125,14 @@ def read_records(path: Path) -> Iterator[Line]:
         if not line.strip():
             continue
         try:
-            yield RECORD.validate_json(line)
+            record = RECORD.validate_json(line)
         except ValidationError as exc:
             if number == len(lines):  # no newline after it: a torn write
                 return
             raise RecordsError(f"{path}:{number}: not a detlab record: {explain(exc)}") from None
+        if isinstance(record, DIAGNOSIS_RECORDS):
+            raise RecordsError(f"{path}:{number}: a diagnosis result ({record.type}), not a training run's record")
+        yield record
 
 
 def placement_text(placement: Placement) -> str:

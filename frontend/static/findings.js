@@ -7,13 +7,23 @@
 
   const TREND = "▁▂▃▄▅▆▇█";
 
+  // A measurement's subject: a train workload, a collective op and dtype, or a diagnosis (batch-invariance:
+  // an op and dtype, or "model"; op-audit: an aten op of a workload's step, 1 of 1 when its bits held).
+  function subject(o) {
+    if (o.kind === "train") return o.workload;
+    if (o.kind === "op-audit") return `op-audit · ${o.workload} · ${o.op}`;
+    if (o.kind === "batch-invariance") return `batch-invariance · ${o.op}${o.dtype ? ` · ${o.dtype}` : ""}`;
+    return `${o.op} · ${o.dtype}`;
+  }
+
   function optionLabel(o) {
-    return o.kind === "train" ? `train · ${o.workload}` : `${o.op} · ${o.dtype}`;
+    return o.kind === "train" ? `train · ${o.workload}` : subject(o);
   }
 
   function optionValue(o) {
     return JSON.stringify(o.kind === "train" ? { kind: "train", workload: o.workload }
-      : { kind: o.kind, op: o.op, dtype: o.dtype });
+      : o.kind === "op-audit" ? { kind: o.kind, workload: o.workload, op: o.op, dtype: o.dtype }
+        : { kind: o.kind, op: o.op, dtype: o.dtype });
   }
 
   function scopeParams() {
@@ -84,7 +94,7 @@
     setRows($("history"), h.measurements.map((r) => el("tr", {},
       el("td", { text: formatTime(r.measured_at) }),
       el("td", {}, r.job_url ? el("a", { href: r.job_url, text: `job ${r.job_id}` }) : el("span", { text: r.source })),
-      el("td", { text: r.kind === "train" ? r.workload : `${r.op} · ${r.dtype}` }),
+      el("td", { text: subject(r) }),
       el("td", { className: "num", text: `${r.identical}/${r.comparable}` }),
       el("td", { className: "num", text: r.rate === null ? "—" : pct(r.rate, 0) }),
       el("td", { text: r.cost === null ? "—" : r.cost_text }),

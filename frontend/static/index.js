@@ -23,6 +23,8 @@
         + "which settings are reproducible, and at what bandwidth.",
     },
   };
+  const diagnosisForm = window.detlab.diagnosisForm;
+  Object.assign(KINDS, diagnosisForm.KINDS);
   const presets = new Map(); // name -> preset {name, description, config}
   const workloads = new Map(); // name -> workload {name, description, default_steps, global_batch}
   let limits = null; // the server's limits on a job, once /api/v1/meta has answered
@@ -225,9 +227,13 @@
   function syncKind() {
     const kind = $("kind").value;
     const train = kind === "train";
-    $("workload-field").hidden = !train;
+    const diagnosis = diagnosisForm.isDiagnosis(kind);
+    $("workload-field").hidden = !train && kind !== "op-audit";
     $("steps-field").hidden = !train;
-    $("collective-fields").hidden = train;
+    $("world-size-field").hidden = diagnosis; // one rank per config
+    $("repeats-field").hidden = diagnosis;
+    $("collective-fields").hidden = train || diagnosis;
+    diagnosisForm.sync(kind);
     $("sweep-fields").hidden = kind !== "sweep";
     $("panel-b").hidden = kind === "sweep";
     $("config-a-title").replaceChildren(
@@ -259,6 +265,7 @@
 
   function formPayload() {
     const kind = $("kind").value;
+    if (diagnosisForm.isDiagnosis(kind)) return diagnosisForm.payload(kind, $("workload").value, configFor);
     const common = {
       world_size: intValue("world-size", "World size", limits?.max_world_size),
       repeats: intValue("repeats", "Repeats", limits?.max_repeats),
@@ -416,6 +423,7 @@
     if (spec.steps) $("steps").value = spec.steps;
     $("tags").value = (spec.tags || []).join(", ");
     if (spec.collective) setCollective(spec.collective);
+    if (spec.diagnosis) diagnosisForm.fill(spec);
     if (spec.sweep) $("knobs").value = JSON.stringify(spec.sweep.knobs);
     spec.configs.slice(0, 2).forEach((body, i) => setConfig(i === 0 ? "a" : "b", body));
     carried = {};
@@ -463,6 +471,7 @@
     $("repeats").max = String(limits.max_repeats);
     updateCellCount();
     for (const w of workloadList) workloads.set(w.name, w);
+    diagnosisForm.init(lists.diagnosis, workloadList);
     for (const p of presetList) presets.set(p.name, p);
 
     const workloadSelect = $("workload");

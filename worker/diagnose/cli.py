@@ -1,0 +1,217 @@
+"""`detlab batch-invariance` and `detlab audit`: the diagnosis measurements on this machine, no server needed.
+
+Each spawns one rank of `python -m detlab.worker.ranks.diagnose` (the program a job's run executes) under a
+config's flags, and prints a table, or one JSON object with `--json`:
+- batch-invariance: `{"results": [{"op","dtype","batch_size","invariant","max_ulp"}...], "summary":
+  [{"op","dtype","first_break"}...], "device", "tf32", "model"}`; exit 0 when everything is invariant, 1 if not;
+- audit: `{"ops": [{"op","count","nondeterministic","evidence"}...], "ineffective": [...], "workload", "device",
+  "threads", "torch_flags"}`; exit 0 when no op was found nondeterministic, 1 when one was.
+Bad arguments: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+
+from pydantic import ValidationError
+
+from detlab.core import configs, diagnosis
+from detlab.core.wire import (
+    AuditOpRecord,
+    DiagnosisSpec,
+    EnvRecord,
+    InvarianceRecord,
+    ModelInvarianceRecord,
+    RankSpec,
+    Record,
+    explain,
+)
+from detlab.worker.launch import RankFailed, RanksTimedOut, launch_ranks
+
+
+class UsageError(ValueError):
+    """A bad command line; the message says what to change."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
+        raise UsageError(message)
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in _names(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the ops run")
+    p.add_argument("--config", default="default", help="a preset name or a config as JSON (its torch flags, "
+                   "seed and threads apply)")
+    p.add_argument("--threads", type=int, default=None, help="torch/OMP threads (default: the config's)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the rank is killed")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def _batch_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="detlab batch-invariance", description="row 0 of a batched op against the batch-1 result")
+    p.add_argument("--ops", type=_names, default=list(diagnosis.INVARIANCE_OPS),
+                   help=f"comma-separated: {','.join(diagnosis.INVARIANCE_OPS)}")
+    p.add_argument("--dtypes", type=_names, default=["float32"],
+                   help=f"comma-separated: {','.join(diagnosis.INVARIANCE_DTYPES)}")
+    p.add_argument("--batch-sizes", type=_ints, default=list(diagnosis.DEFAULT_BATCH_SIZES))
+    p.add_argument("--features", type=int, default=256, help="features per sample (weights are features²)")
+    p.add_argument("--workload", default=None, help="also compare this workload's forward, module by module")
+    _common(p)
+    return p
+
+
+def _audit_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="detlab audit", description="every aten op of one training step, checked for determinism")
+    p.add_argument("--workload", required=True, help="a registered workload")
+    p.add_argument("--reruns", type=int, default=diagnosis.DEFAULT_RERUNS, help="re-runs per kept op call")
+    p.add_argument("--calls-per-op", type=int, default=diagnosis.DEFAULT_CALLS_PER_OP)
+    _common(p)
+    return p
+
+
+def _config(text: str) -> configs.ConfigBody:
+    try:
+        ref = json.loads(text) if text.lstrip().startswith("{") else {"preset": text}
+        return configs.resolve(ref)
+    except ValidationError as exc:
+        raise UsageError(f"--config: {explain(exc, 'config')}") from exc
+    except ValueError as exc:
+        raise UsageError(f"--config: {exc}") from exc
+
+
+def _check_device(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA GPU is visible; use --device cpu")
+
+
+def build_spec(kind: Literal["batch-invariance", "op-audit"], args: argparse.Namespace) -> RankSpec:
+    """The rank's spec for these arguments; UsageError when a value is out of bounds or unknown."""
+    from detlab.worker.workloads import registry
+
+    body = _config(args.config)
+    workload = args.workload
+    if workload is not None and workload not in registry():
+        raise UsageError(f"--workload: unknown {workload!r}; known: {', '.join(sorted(registry()))}")
+    _check_device(args.device)
+    try:
+        if kind == "batch-invariance":
+            d = DiagnosisSpec(ops=args.ops, dtypes=args.dtypes, batch_sizes=args.batch_sizes, features=args.features,
+                              workload=workload)
+        else:
+            d = DiagnosisSpec(reruns=args.reruns, calls_per_op=args.calls_per_op)
+        return RankSpec(kind=kind, workload=workload or kind, world_size=1, steps=max(1, d.cells()),
+                        seed=body.seed, threads=args.threads or body.threads, torch=body.torch, diagnosis=d,
+                        device=args.device)
+    except ValidationError as exc:
+        raise UsageError(_explain(exc)) from exc
+
+
+def _explain(exc: ValidationError) -> str:
+    """`--batch-sizes: ...` for the option a value came from (`arguments:` for a rule over several)."""
+    return "; ".join(f"{'--' + str(e['loc'][0]).replace('_', '-') if e['loc'] else 'arguments'}: "
+                     f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+
+
+def launch(spec: RankSpec, *, timeout_s: float) -> list[Record]:
+    """Run the spec's one rank; every record it spooled."""
+    records: list[Record] = []
+    with tempfile.TemporaryDirectory(prefix="detlab-diagnose-") as tmp:
+        try:
+            launch_ranks(spec, Path(tmp), on_records=records.extend, timeout_s=timeout_s, poll_s=0.1,
+                         tie_to_parent=True)
+        except RanksTimedOut as exc:
+            raise RanksTimedOut(f"{exc} (raise --timeout)") from exc
+    return records
+
+
+def _env(records: list[Record]) -> EnvRecord | None:
+    return next((r for r in records if isinstance(r, EnvRecord)), None)
+
+
+def invariance_result(records: list[Record]) -> dict[str, Any]:
+    env = _env(records)
+    out = diagnosis.invariance_json([r.model_dump() for r in records if isinstance(r, InvarianceRecord)])
+    return {**out, "device": env.device if env else None,
+            "tf32": env.torch_flags.allow_tf32 if env and env.torch_flags else None,
+            "model": diagnosis.model_summary([r.model_dump() for r in records if isinstance(r, ModelInvarianceRecord)])}
+
+
+def audit_result(records: list[Record], spec: RankSpec) -> dict[str, Any]:
+    env = _env(records)
+    rows = [r.model_dump() for r in records if isinstance(r, AuditOpRecord)]
+    claims = bool(spec.torch and spec.torch.deterministic_algorithms)
+    return {**diagnosis.audit_json(rows), "ineffective": diagnosis.ineffective(rows, claims),
+            "workload": spec.workload, "device": env.device if env else None,
+            "threads": env.torch_flags.num_threads if env and env.torch_flags else spec.threads,  # as in effect
+            "torch_flags": env.torch_flags.model_dump() if env and env.torch_flags else None}
+
+
+def _print_invariance(result: dict[str, Any]) -> None:
+    print(f"# detlab batch-invariance on {result['device']} (TF32 {'on' if result['tf32'] else 'off'})")
+    print(f"{'op':<12} {'dtype':<9} {'first break':>11}  max ULP by batch size")
+    for s in result["summary"]:
+        ulps = " ".join(f"{r['batch_size']}:{r['max_ulp']}" for r in result["results"]
+                        if (r["op"], r["dtype"]) == (s["op"], s["dtype"]))
+        print(f"{s['op']:<12} {s['dtype']:<9} {str(s['first_break'] or '-'):>11}  {ulps}")
+    if model := result["model"]:
+        where = "invariant" if model["invariant"] else \
+            f"breaks at batch {model['first_break']} in module {model['first_module']}"
+        print(f"model {model['workload']}: {where}")
+
+
+def _print_audit(result: dict[str, Any]) -> None:
+    print(f"# detlab audit: {result['workload']} on {result['device']}, {result['threads'] or 'default'} threads")
+    width = max([24, *(len(o["op"]) for o in result["ops"])])
+    print(f"{'op':<{width}} {'count':>7}  {'nondet':<6}  evidence")
+    for o in result["ops"]:
+        flag = {True: "yes", False: "no", None: "?"}[o["nondeterministic"]]
+        print(f"{o['op']:<{width}} {o['count']:>7}  {flag:<6}  {o['evidence']}")
+    if result["ineffective"]:
+        print(f"flags that do nothing: the config claims determinism, yet {', '.join(result['ineffective'])} "
+              "gave different bits on re-run")
+
+
+def main(kind: Literal["batch-invariance", "op-audit"], argv: list[str]) -> int:
+    """Entry point of `detlab batch-invariance` / `detlab audit`: 0 all clean, 1 not, 2 bad usage."""
+    prog = "batch-invariance" if kind == "batch-invariance" else "audit"
+    try:
+        args = (_batch_parser() if kind == "batch-invariance" else _audit_parser()).parse_args(argv)
+        spec = build_spec(kind, args)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except UsageError as exc:
+        print(f"detlab {prog}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        records = launch(spec, timeout_s=args.timeout)
+    except RankFailed as exc:
+        print(f"detlab {prog}: {exc}", file=sys.stderr)
+        return 1
+    if kind == "batch-invariance":
+        result = invariance_result(records)
+        ok = diagnosis.all_invariant(result["results"]) and (result["model"] is None or result["model"]["invariant"])
+        print(json.dumps(result)) if args.json else _print_invariance(result)
+    else:
+        result = audit_result(records, spec)
+        ok = not any(o["nondeterministic"] for o in result["ops"])
+        print(json.dumps(result)) if args.json else _print_audit(result)
+    return 0 if ok else 1
