@@ -120,6 +120,9 @@ class RunPlan(Wire):
     fingerprint_interval: int = Field(default=1, ge=1, le=INT32)
     inject_bitflip: BitFlip | None = None
     collective: CollectiveSpec | None = None
+    # A bisect run: train to this step unrecorded, record this step module call by module call, and stop
+    # (detlab.core.bisect names the entries).
+    probe_step: int | None = Field(default=None, ge=1, le=INT32)
 
     @model_validator(mode="after")
     def _collective_iff_kind(self) -> RunPlan:
@@ -127,6 +130,8 @@ class RunPlan(Wire):
             raise ValueError("a collective run needs `collective` (ops, dtypes, sizes, trials, warmup)")
         if self.kind == "train" and self.collective is not None:
             raise ValueError("a train run takes no `collective` parameters")
+        if self.probe_step is not None and (self.kind != "train" or self.probe_step > self.steps):
+            raise ValueError("probe_step is a step of a train run: 1 <= probe_step <= steps")
         return self
 
 

@@ -28,6 +28,7 @@ from detlab.core.configs import ENV_PREFIXES, ENV_VALIDATORS, TorchFlags
 from detlab.core.train import recorded_steps
 from detlab.core.wire import EnvRecord, RankSpec, Record, StepRecord, TensorInfo, TensorsRecord, TorchFacts
 from detlab.worker import fingerprint as fp
+from detlab.worker.probe import Probe
 from detlab.worker.workloads import registry
 
 
@@ -116,6 +117,27 @@ class Spool:
         self._f.flush()
 
 
+def write_probe(spool: Spool, probe: Probe, step: int, rank: int, loss: torch.Tensor, seconds: float) -> None:
+    """A bisect run's one step record: the probe's entries (rank 0 writes their list), after checking that every
+    rank made the same calls (one list is stored per run: a rank whose calls differ could not be read with it)."""
+    tensors, packed = probe.record()
+    names = [t.name for t in tensors.tensors]
+    lists: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, names)
+    for other, theirs in enumerate(lists):
+        if theirs != names:
+            at = next((i for i, (x, y) in enumerate(zip(names, theirs or [], strict=False)) if x != y),
+                      min(len(names), len(theirs or [])))
+            raise RuntimeError(f"bisect: rank {other} made other module calls than rank {rank} at step {step} "
+                               f"(from entry {at}); the probe needs the same calls on every rank")
+    if rank == 0:
+        spool.write(tensors)
+    value = float(loss.item())
+    spool.write(StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION, model_digest=fp.fingerprint_bytes(packed),
+                           digests=packed.hex(), loss_bits=loss_bits(loss),
+                           loss=value if math.isfinite(value) else None, step_time_s=seconds))
+
+
 def pick_device(requested: str, local_rank: int) -> torch.device:
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
@@ -150,13 +172,14 @@ def train(spec: RankSpec) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     named = list(model.named_parameters())
     spool.write(env_record(rank, device, backend))
-    if rank == 0:
+    if rank == 0 and spec.probe_step is None:
         spool.write(TensorsRecord(tensors=[
             TensorInfo(index=i, name=n, shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."))
             for i, (n, p) in enumerate(named)]))
     inject = spec.inject_bitflip
     steps = spec.steps
-    fingerprinted = set(recorded_steps(steps, spec.fingerprint_interval))  # as the comparison expects
+    # A bisect run fingerprints nothing before its probe step, and that step module call by module call.
+    fingerprinted = set() if spec.probe_step else set(recorded_steps(steps, spec.fingerprint_interval))
     share = workload.global_batch // world
 
     params = [p for _, p in named]  # one list, the same every step: the fingerprint's launch plan is kept
@@ -172,16 +195,22 @@ def train(spec: RankSpec) -> None:
                                loss=value if value is not None and math.isfinite(value) else None,
                                step_time_s=seconds))
 
-    record(0, None, 0.0)
+    if spec.probe_step is None:
+        record(0, None, 0.0)
     for step in range(1, steps + 1):
+        probe = Probe(model) if step == spec.probe_step else None
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
         batch = tuple(t[rank * share : (rank + 1) * share] for t in workload.batch(step, seed, device))
         loss = workload.loss(ddp, batch)
+        if probe:
+            probe.loss(loss)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if probe:
+            probe.grads(named)
         opt.step()
         if device.type == "cuda":
             end.record()
@@ -193,6 +222,10 @@ def train(spec: RankSpec) -> None:
             flip_bit(model, inject.tensor)
         if step in fingerprinted:
             record(step, loss, seconds)
+        if probe:
+            probe.params(named)
+            write_probe(spool, probe, step, rank, loss, seconds)
+            break
     dist.barrier()
     dist.destroy_process_group()
 
