@@ -1,0 +1,103 @@
+"""Bisect runs on real ranks (2 CPU ranks over gloo): the probe step recorded module call by module call, and
+what the core reads from two runs' probes (a planted bit flip; the scatter workload's own nondeterminism)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from detlab.core import bisect
+from detlab.core.wire import BitFlip, RankSpec, Record, StepRecord, TensorsRecord
+from detlab.worker.launch import launch_ranks
+
+Entries = list[tuple[str, list[int], str]]
+
+
+def probe_run(folder: Path, workload: str, step: int, *, inject: BitFlip | None = None,
+              threads: int = 1) -> tuple[list[Record], Entries, dict[int, bytes]]:
+    """A bisect run of 2 gloo ranks probing `step`: its records, its entry list, each rank's packed digests."""
+    spec = RankSpec(kind="train", workload=workload, world_size=2, steps=step, probe_step=step, inject_bitflip=inject,
+                    device="cpu", threads=threads)
+    records: list[Record] = []
+    folder.mkdir()
+    launch_ranks(spec, folder, on_records=records.extend, poll_s=0.05, timeout_s=600)
+    tensors = [r for r in records if isinstance(r, TensorsRecord)]
+    entries = [(t.name, t.shape, t.dtype) for t in tensors[0].tensors]
+    digests = {r.rank: bytes.fromhex(r.digests) for r in records if isinstance(r, StepRecord)}
+    return records, entries, digests
+
+
+@functools.cache
+def mlp_pair(tmp: Path, step: int) -> tuple[Any, Any]:
+    """MLP config A, and config B that flips a bit of `2.weight` on rank 1 after step 2, both probing `step`."""
+    a = probe_run(tmp / f"a{step}", "mlp", step)
+    b = probe_run(tmp / f"b{step}", "mlp", step, inject=BitFlip(step=2, tensor="2.weight", rank=1))
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bisect")
+
+
+def diagnosis(a: Any, b: Any) -> dict[str, Any]:
+    assert bisect.call_list_difference(a[1], b[1]) is None
+    return bisect.diagnose(a[1], bisect.differing_by_rank(a[2], b[2]))
+
+
+def test_a_probe_run_records_its_probe_step_only_with_one_entry_list(tmp: Path) -> None:
+    records, entries, digests = mlp_pair(tmp, 3)[0]
+    assert sorted((r.step, r.rank) for r in records if isinstance(r, StepRecord)) == [(3, 0), (3, 1)]
+    assert len([r for r in records if isinstance(r, TensorsRecord)]) == 1  # rank 0's
+    assert all(len(d) == 16 * len(entries) for d in digests.values())
+    names = [name for name, _, _ in entries]
+    assert names[:6] == ["state:", "state:0", "state:1", "state:2", "state:3", "state:4"]
+    assert [(name, dtype) for name, _, dtype in entries[:2]] == [("state:", "Sequential"), ("state:0", "Linear")]
+    # Execution order: the root's input at its start, each layer in and out, the root's output, the loss, backward
+    # from the last layer (its output gradient first), then the gradients and the parameters after the update.
+    assert names[6:10] == ["fwd:#0:in0", "fwd:0#0:in0", "fwd:0#0:out0", "fwd:1#0:in0"]
+    assert names.index("fwd:#0:out0") < names.index("loss") < names.index("bwd:#0:gout0") < names.index("bwd:4#0:gin0")
+    assert names.index("bwd:4#0:gin0") < names.index("bwd:2#0:gout0") < names.index("grad:0.weight")
+    assert names[-6:] == [f"param:{i}.{k}" for i in (0, 2, 4) for k in ("weight", "bias")]
+    # The first layer's input needs no gradient: its backward has no input gradient (None is skipped).
+    assert "bwd:0#0:gin0" not in names and "bwd:0#0:gout0" in names
+
+
+def test_the_step_of_a_bit_flip_names_the_update_and_no_module(tmp: Path) -> None:
+    # The train job records the flip with the step it follows: its first divergent step is 2, and the replay of
+    # step 2 finds every module call, the loss and the gradients equal; only the parameter after the update differs.
+    found = diagnosis(*mlp_pair(tmp, 2))
+    assert found["first"]["entry"] == "param:2.weight" and found["first"]["ranks"] == [1]
+    assert found["first_module"] is None and found["entries_differing"] == 1
+    assert "the optimizer step, or a fault injected after it" in found["summary"]
+
+
+def test_the_step_after_a_bit_flip_names_the_module_that_uses_the_parameter(tmp: Path) -> None:
+    found = diagnosis(*mlp_pair(tmp, 3))
+    first = found["first_module"]
+    assert (first["module"], first["type"], first["phase"], first["call"]) == ("2", "Linear", "forward", 0)
+    assert first["inputs_matched"] and first["verdict"] == "introduced" and first["own_state_differs"]
+    assert first["ranks"] == [1] and first["differing_outputs"] == ["out0"]
+    assert found["first"]["entry"] == "state:2" and found["state_differs"] == ["2"]
+    tree = {row["module"]: row for row in found["tree"]}
+    assert tree["2"]["status"] == "first difference"
+    assert tree["0"]["status"] == "equal" and tree["1"]["status"] == "equal"
+    # Downstream, the ReLU took 2's differing output: it carried the difference.
+    assert tree["3"]["status"] == "differs" and tree["3"]["verdict"] == "carried"
+
+
+def test_scatter_on_two_threads_is_bisected_to_the_module_holding_index_add(tmp: Path) -> None:
+    # Not planted: index_add_/index_put_(accumulate=True) on 2 CPU threads add in an order that varies. The
+    # messages (msg) match; `out` takes the aggregate, computed in the root's own forward, and already differs.
+    a = probe_run(tmp / "scatter-a", "scatter", 1, threads=2)
+    b = probe_run(tmp / "scatter-b", "scatter", 1, threads=2)
+    found = diagnosis(a, b)
+    first = found["first_module"]
+    assert (first["module"], first["phase"], first["verdict"]) == ("out", "forward", "carried")
+    assert first["differing_inputs"] == ["in0"] and first["arose_in"] == ["(model)"]
+    tree = {row["module"]: row for row in found["tree"]}
+    assert tree[""]["type"] == "Net" and tree[""]["verdict"] == "introduced"  # its own inputs matched
+    assert "fwd#0:out0" not in tree["msg"]["differing"]
