@@ -108,7 +108,8 @@
     renderDiagnosis(job, res);
   }
 
-  register(["bisect"], { runsHead: "Steps", describe, load });
+  // Rerun on the page opens the submit form, which makes train jobs; POST /jobs/{id}/rerun bisects again.
+  register(["bisect"], { runsHead: "Steps", describe, load, rerunnable: false });
 
   // ---- the button on a diverged train job's page --------------------------------------------------
 
