@@ -24,7 +24,7 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     data = []
     for run in runs:
         loaded = train_report.load_run(session=session, run=run, workload=job.workload)
-        loaded.expected_steps = [step]  # a bisect run records its probe step only
+        loaded.expected_steps = list(range(step + 1))  # model digests before the probe step, then the probe
         data.append(loaded)
     a, b = data
     if not a.records and not b.records:
@@ -39,6 +39,12 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         digests = [{rank: d.digests for (s, rank), d in run.records.items() if s == step and d.digests is not None}
                    for run in (a, b)]
         diagnosis = bisect.diagnose(a.tensors, bisect.differing_by_rank(*digests))
+        parted = result["first_divergent_step"]
+        if parted != step:
+            # The runs' parameters parted at an earlier step of the replay (a probe past the first divergent step,
+            # or nondeterminism that struck earlier this time): the probe sees that difference as it starts.
+            result["reason"] = (f"the replay parted at step {parted}, before the probed step {step}: the probe's "
+                                f"modules see parameters that already differ; bisect step {parted} for its cause")
     elif result["verdict"] == "identical":
         result["reason"] = (f"the difference did not appear again in the replay of step {step}: nondeterminism that "
                             "did not strike this time, or a difference that arises at another step")

@@ -84,7 +84,8 @@ def test_the_tree_is_every_module_with_depth_type_and_status() -> None:
     rows = [(r["shown"], r["depth"], r["type"], r["status"]) for r in found["tree"]]
     assert rows == [("(model)", 0, "Net", "differs"), ("enc", 1, "Encoder", "differs"),
                     ("enc.layer", 2, "Linear", "first difference"), ("spare", 1, "Linear", "not called")]
-    assert bisect.tree_lines(found["tree"])[2] == "> " + "    enc.layer (Linear): first difference [introduced; fwd#0:out0]"
+    line = bisect.tree_lines(found["tree"])[2]
+    assert line == "> " + "    enc.layer (Linear): first difference [introduced; fwd#0:out0]"
 
 
 def test_a_module_called_twice_is_told_apart_by_its_call() -> None:
@@ -145,7 +146,8 @@ def test_different_call_lists_name_the_first_call_that_differs() -> None:
 
 def test_a_shape_difference_is_named_as_such() -> None:
     other = [(n, [8] if n == "loss" else s, d) for n, s, d in MLP]
-    assert "(shape or dtype): loss float32[4] in A, loss float32[8] in B" in str(bisect.call_list_difference(MLP, other))
+    reason = str(bisect.call_list_difference(MLP, other))
+    assert "(shape or dtype): loss float32[4] in A, loss float32[8] in B" in reason
 
 
 def test_digests_are_compared_rank_by_rank() -> None:

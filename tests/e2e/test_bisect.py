@@ -17,7 +17,7 @@ from tests.e2e.test_browser import ARGS, CHROMIUM, screenshot_dir
 
 # Two threads and no deterministic mode: index_add_ adds in an order that varies, so the pair parts at step 1.
 SCATTER = {"workload": "scatter", "steps": 1, "world_size": 2,
-           "configs": [{"preset": "default", "name": "a", "threads": 2}, {"preset": "default", "name": "b", "threads": 2}]}
+           "configs": [{"preset": "default", "name": name, "threads": 2} for name in ("a", "b")]}
 
 
 def diverged_job(stack: Stack) -> int:

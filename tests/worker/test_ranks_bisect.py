@@ -26,7 +26,7 @@ def probe_run(folder: Path, workload: str, step: int, *, inject: BitFlip | None 
     launch_ranks(spec, folder, on_records=records.extend, poll_s=0.05, timeout_s=600)
     tensors = [r for r in records if isinstance(r, TensorsRecord)]
     entries = [(t.name, t.shape, t.dtype) for t in tensors[0].tensors]
-    digests = {r.rank: bytes.fromhex(r.digests) for r in records if isinstance(r, StepRecord)}
+    digests = {r.rank: bytes.fromhex(r.digests) for r in records if isinstance(r, StepRecord) and r.step == step}
     return records, entries, digests
 
 
@@ -48,9 +48,10 @@ def diagnosis(a: Any, b: Any) -> dict[str, Any]:
     return bisect.diagnose(a[1], bisect.differing_by_rank(a[2], b[2]))
 
 
-def test_a_probe_run_records_its_probe_step_only_with_one_entry_list(tmp: Path) -> None:
+def test_a_probe_run_records_its_steps_by_model_digest_and_the_probe_step_entry_by_entry(tmp: Path) -> None:
     records, entries, digests = mlp_pair(tmp, 3)[0]
-    assert sorted((r.step, r.rank) for r in records if isinstance(r, StepRecord)) == [(3, 0), (3, 1)]
+    steps = sorted((r.step, r.rank, len(r.digests) // 32) for r in records if isinstance(r, StepRecord))
+    assert steps == [(s, r, len(entries) if s == 3 else 0) for s in range(4) for r in range(2)]
     assert len([r for r in records if isinstance(r, TensorsRecord)]) == 1  # rank 0's
     assert all(len(d) == 16 * len(entries) for d in digests.values())
     names = [name for name, _, _ in entries]
@@ -73,6 +74,13 @@ def test_the_step_of_a_bit_flip_names_the_update_and_no_module(tmp: Path) -> Non
     assert found["first"]["entry"] == "param:2.weight" and found["first"]["ranks"] == [1]
     assert found["first_module"] is None and found["entries_differing"] == 1
     assert "the optimizer step, or a fault injected after it" in found["summary"]
+
+
+def test_the_replay_before_its_probe_step_is_checked_by_model_digests(tmp: Path) -> None:
+    a, b = mlp_pair(tmp, 3)
+    models = [{(r.step, r.rank): r.model_digest for r in run[0] if isinstance(r, StepRecord) and r.step < 3}
+              for run in (a, b)]
+    assert [key for key in sorted(models[0]) if models[0][key] != models[1][key]] == [(2, 1)]  # the flip, after 2
 
 
 def test_the_step_after_a_bit_flip_names_the_module_that_uses_the_parameter(tmp: Path) -> None:

@@ -172,14 +172,16 @@ def train(spec: RankSpec) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     named = list(model.named_parameters())
     spool.write(env_record(rank, device, backend))
-    if rank == 0 and spec.probe_step is None:
+    probing = spec.probe_step is not None  # a bisect run: its tensor list is its probe's entries (write_probe)
+    if rank == 0 and not probing:
         spool.write(TensorsRecord(tensors=[
             TensorInfo(index=i, name=n, shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."))
             for i, (n, p) in enumerate(named)]))
     inject = spec.inject_bitflip
     steps = spec.steps
-    # A bisect run fingerprints nothing before its probe step, and that step module call by module call.
-    fingerprinted = set() if spec.probe_step else set(recorded_steps(steps, spec.fingerprint_interval))
+    # A bisect run records every step before its probe step by its model digest alone (the replay is checked to
+    # match up to there, and its progress shows), and the probe step module call by module call.
+    fingerprinted = set(range(spec.probe_step) if spec.probe_step else recorded_steps(steps, spec.fingerprint_interval))
     share = workload.global_batch // world
 
     params = [p for _, p in named]  # one list, the same every step: the fingerprint's launch plan is kept
@@ -189,14 +191,13 @@ def train(spec: RankSpec) -> None:
         packed = b"".join(fp.digest_to_bytes(d) for d in digests)
         value = float(loss.item()) if loss is not None else None
         spool.write(StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION,
-                               model_digest=fp.fingerprint_bytes(packed), digests=packed.hex(),
+                               model_digest=fp.fingerprint_bytes(packed), digests="" if probing else packed.hex(),
                                loss_bits=loss_bits(loss) if loss is not None else "",
                                # a loss that blew up is kept in its bits; the number column takes finite ones
                                loss=value if value is not None and math.isfinite(value) else None,
                                step_time_s=seconds))
 
-    if spec.probe_step is None:
-        record(0, None, 0.0)
+    record(0, None, 0.0)
     for step in range(1, steps + 1):
         probe = Probe(model) if step == spec.probe_step else None
         if device.type == "cuda":
