@@ -200,12 +200,12 @@ def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: 
 def _result(job_id: int, session: SessionDep, *, kind: ReportKind) -> dict[str, Any]:
     """The job's result (stored once it finished, live before), if the job's report is of this kind."""
     job = _job_or_404(session, job_id)
+    what = {"collective": "collective trials", "train": "recorded steps", "bisect": "probe steps"}[kind]
     if report_kind(job) != kind:
-        raise HTTPException(404, f"job {job_id} is a {job.kind} job: it has no {kind} result")
+        raise HTTPException(404, f"job {job_id} is a {job.kind} job: it has no {what}")
     result = job_result(session=session, job=job)
     session.commit()  # a job finished before results were stored has just had its result stored
     if result is None:
-        what = "collective trials" if kind == "collective" else "recorded steps"
         raise HTTPException(404, f"job {job_id} has no {what} yet")
     return result
 
