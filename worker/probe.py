@@ -9,14 +9,16 @@ a hook sees may be changed in place later in the step; digests are taken at the 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.utils._pytree import tree_flatten
 from torch.utils.hooks import RemovableHandle
 
 from detlab.core.bisect import call_entry
-from detlab.core.wire import TensorInfo, TensorsRecord
+from detlab.core.wire import StepRecord, TensorInfo, TensorsRecord
 from detlab.worker import fingerprint as fp
 
 MAX_NAME = 255  # TensorInfo.name
@@ -100,7 +102,18 @@ class Probe:
             handle.remove()
         self._handles = []
 
-    def record(self) -> tuple[TensorsRecord, bytes]:
+    def records(self, step: int, rank: int, loss: float | None, loss_bits: str, seconds: float,
+                ) -> tuple[TensorsRecord, StepRecord]:
+        """The probe step's entry list and step record, once every rank is known to have made the same calls (one
+        list is stored per run: a rank whose calls differ could not be read with it)."""
+        tensors, packed = self.digests()
+        same_calls([t.name for t in tensors.tensors], rank, step)
+        return tensors, StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION,
+                                   model_digest=fp.fingerprint_bytes(packed), digests=packed.hex(),
+                                   loss_bits=loss_bits, loss=loss if loss is not None and math.isfinite(loss) else None,
+                                   step_time_s=max(seconds, 0.0))
+
+    def digests(self) -> tuple[TensorsRecord, bytes]:
         """The entry list and the packed digests (16 bytes per entry, in its order): one fingerprint call."""
         flat: list[torch.Tensor] = []
         spans = []
@@ -118,3 +131,17 @@ class Probe:
                             shape=[len(v)] if isinstance(v, list) else list(v.shape))
                  for i, (name, v, dtype) in enumerate(zip(self.names, self.kept, self.dtypes, strict=True))]
         return TensorsRecord(tensors=infos), b"".join(packed)
+
+
+def same_calls(names: list[str], rank: int, step: int) -> None:
+    """Raise unless every rank of the process group (if there is one) recorded these entries."""
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    lists: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, names)
+    for other, theirs in enumerate(lists):
+        if theirs != names:
+            at = next((i for i, (x, y) in enumerate(zip(names, theirs or [], strict=False)) if x != y),
+                      min(len(names), len(theirs or [])))
+            raise RuntimeError(f"bisect: rank {other} made other module calls than rank {rank} at step {step} "
+                               f"(from entry {at}); the probe needs the same calls on every rank")

@@ -24,7 +24,8 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     data = []
     for run in runs:
         loaded = train_report.load_run(session=session, run=run, workload=job.workload)
-        loaded.expected_steps = list(range(step + 1))  # model digests before the probe step, then the probe
+        # Model digests before the probe step, then the probe (a script's steps are its own: judged by the other run).
+        loaded.expected_steps = None if job.params.get("script") else list(range(step + 1))
         data.append(loaded)
     a, b = data
     if not a.records and not b.records:

@@ -1,5 +1,7 @@
 """Bisect jobs: a diverged train pair replayed up to its first divergent step, that step probed module by module.
 
+Built-in workloads are probed by their rank program (worker/ranks/train.py), registered scripts by the
+detlab.Recorder in them (detlab.sdk.probing); SDK recordings cannot be run again.
 A bisect job is a train job in everything but its kind and its runs' `probe_step` (detlab.core.wire.RunPlan):
 the same workload, world size, configs (so seeds and knobs) and fault injection as the pair it replays, made by
 `jobs.create_job`, so limits, queues and the run lifecycle (claim, records, finish, cancel) are the train ones.
@@ -37,9 +39,6 @@ def _source_error(job: Job) -> str | None:
                 "built-in workload, or record more detail with detlab.Recorder (grads=True, optimizer=...)")
     if job.kind != "train":
         return f"job {job.id} is a {job.kind} job; bisect replays the pair of a train job"
-    if job.params.get("script"):
-        return (f"job {job.id} ran the registered script {job.workload!r}: its ranks are your script, where "
-                "detlab cannot add module hooks; bisect replays built-in workloads")
     if job.status not in FINISHED:
         return f"job {job.id} is {job.status}; bisect it once it has finished"
     return None
@@ -71,8 +70,10 @@ def create_bisect(*, session: Session, job: Job, data: BisectCreate, settings: S
     first = first_divergent_step(session=session, job=job, a=a, b=b)
     step = data.step or first
     if step < 1:
-        raise InvalidJob(f"runs {a.id} and {b.id} already differ at step 0, the initial weights (another seed or "
-                         "model): there is no training step to replay")
+        what = ("its first recorded step: the hooks go on at the step before, which a script never records"
+                if job.params.get("script") else "the initial weights (another seed or model): there is no training "
+                "step to replay")
+        raise InvalidJob(f"runs {a.id} and {b.id} already differ at step 0, {what}")
     if step > min(a.steps_total, b.steps_total):
         raise InvalidJob(f"step {step} is past the runs' {min(a.steps_total, b.steps_total)} steps")
     flip = job.params.get("inject_bitflip")

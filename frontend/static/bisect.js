@@ -132,10 +132,10 @@
     }
   }
 
-  // train.js shows the comparison; once it says a built-in workload's pair diverged, offer the bisect.
+  // train.js shows the comparison; once it says the pair diverged, offer the bisect (a train job's: not a recording's).
   window.detlab.job.offerBisect = function (job, cmp) {
     const button = $("bisect-job");
-    button.hidden = !(job.kind === "train" && !job.params.script && cmp.verdict === "diverged");
+    button.hidden = !(job.kind === "train" && cmp.verdict === "diverged");
     button.dataset.job = job.id;
   };
   document.addEventListener("DOMContentLoaded", () => $("bisect-job").addEventListener("click", submitBisect));

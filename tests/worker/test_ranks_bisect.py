@@ -4,6 +4,8 @@ what the core reads from two runs' probes (a planted bit flip; the scatter workl
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import pytest
 from detlab.core import bisect
 from detlab.core.wire import BitFlip, RankSpec, Record, StepRecord, TensorsRecord
 from detlab.worker.launch import launch_ranks
+from detlab.worker.runner import script_env
+from tests.worker.test_scripts import SCRIPT
 
 Entries = list[tuple[str, list[int], str]]
 
@@ -109,3 +113,39 @@ def test_scatter_on_two_threads_is_bisected_to_the_module_holding_index_add(tmp:
     tree = {row["module"]: row for row in found["tree"]}
     assert tree[""]["type"] == "Net" and tree[""]["verdict"] == "introduced"  # its own inputs matched
     assert "fwd#0:out0" not in tree["msg"]["differing"]
+
+
+def script_probe(folder: Path, step: int, flip: str | None) -> tuple[Entries, dict[int, bytes], list[int]]:
+    """A registered script (tests/sdk/scripts/train.py, DDP over 2 gloo ranks) run as a bisect probing `step`."""
+    from detlab.core.wire import RunSpec
+
+    spec = RunSpec(run_id=1, attempt=1, workload="sdk-train", kind="train", world_size=2, steps=step, probe_step=step)
+    folder.mkdir()
+    records: list[Record] = []
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DETLAB_")}
+
+    def env(rank: int) -> dict[str, str]:
+        return {**base, **script_env(spec, folder), **({"DETLAB_TEST_FLIP": flip} if flip else {})}
+
+    launch_ranks(RankSpec.for_run(spec, device="cpu"), folder, env=env, on_records=records.extend, timeout_s=300,
+                 argv=[sys.executable, str(SCRIPT), str(folder / "ignored"), "--steps", "5"], cwd=folder)
+    lists = [r for r in records if isinstance(r, TensorsRecord)]
+    assert len(lists) == 2 and lists[0] == lists[1]  # each rank's own, and the same
+    steps = sorted({r.step for r in records if isinstance(r, StepRecord)})
+    digests = {r.rank: bytes.fromhex(r.digests) for r in records if isinstance(r, StepRecord) and r.step == step}
+    return [(t.name, t.shape, t.dtype) for t in lists[0].tensors], digests, steps
+
+
+def test_a_registered_script_is_probed_by_its_recorder(tmp: Path) -> None:
+    # The script moves 0.weight by one ulp on rank 1 after its step 1, and the bisect probes its step 2.
+    entries, a, steps = script_probe(tmp / "script-a", 2, None)
+    other, b, _ = script_probe(tmp / "script-b", 2, "1:1:0.weight")
+    assert steps == [0, 1, 2]  # the script ran 5 steps; the recorder stops recording at the probe step
+    assert entries == other and entries[0] == ("state:", [0], "Sequential")  # DDP's module, unwrapped
+    order = [name for name, _, _ in entries].index
+    assert order("fwd:0#0:out0") < order("bwd:0#0:gout0") < order("loss") < order("grad:0.weight")
+    found = bisect.diagnose(entries, bisect.differing_by_rank(a, b))
+    # One ulp of one weight is lost in the rounding of every sum it enters: the probe shows the parameter differing
+    # as the step starts, and every call, gradient and update of the step equal.
+    assert found["first"]["entry"] == "state:0" and found["first"]["ranks"] == [1]
+    assert found["entries_differing"] == 1 and found["first_module"] is None

@@ -117,27 +117,6 @@ class Spool:
         self._f.flush()
 
 
-def write_probe(spool: Spool, probe: Probe, step: int, rank: int, loss: torch.Tensor, seconds: float) -> None:
-    """A bisect run's one step record: the probe's entries (rank 0 writes their list), after checking that every
-    rank made the same calls (one list is stored per run: a rank whose calls differ could not be read with it)."""
-    tensors, packed = probe.record()
-    names = [t.name for t in tensors.tensors]
-    lists: list[list[str] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(lists, names)
-    for other, theirs in enumerate(lists):
-        if theirs != names:
-            at = next((i for i, (x, y) in enumerate(zip(names, theirs or [], strict=False)) if x != y),
-                      min(len(names), len(theirs or [])))
-            raise RuntimeError(f"bisect: rank {other} made other module calls than rank {rank} at step {step} "
-                               f"(from entry {at}); the probe needs the same calls on every rank")
-    if rank == 0:
-        spool.write(tensors)
-    value = float(loss.item())
-    spool.write(StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION, model_digest=fp.fingerprint_bytes(packed),
-                           digests=packed.hex(), loss_bits=loss_bits(loss),
-                           loss=value if math.isfinite(value) else None, step_time_s=seconds))
-
-
 def pick_device(requested: str, local_rank: int) -> torch.device:
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
@@ -225,7 +204,10 @@ def train(spec: RankSpec) -> None:
             record(step, loss, seconds)
         if probe:
             probe.params(named)
-            write_probe(spool, probe, step, rank, loss, seconds)
+            tensors, stepped = probe.records(step, rank, float(loss.item()), loss_bits(loss), seconds)
+            if rank == 0:
+                spool.write(tensors)
+            spool.write(stepped)
             break
     dist.barrier()
     dist.destroy_process_group()
