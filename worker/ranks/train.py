@@ -151,7 +151,7 @@ def train(spec: RankSpec) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     named = list(model.named_parameters())
     spool.write(env_record(rank, device, backend))
-    probing = spec.probe_step is not None  # a bisect run: its tensor list is its probe's entries (write_probe)
+    probing = spec.probe_step is not None  # a bisect run: its tensor list is its probe's entries (Probe.records)
     if rank == 0 and not probing:
         spool.write(TensorsRecord(tensors=[
             TensorInfo(index=i, name=n, shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."))
