@@ -221,3 +221,15 @@ def test_a_replay_that_parted_before_its_probe_step_says_where(client: TestClien
     assert result["verdict"] == "diverged" and result["first_divergent_step"] == 1
     assert "the replay parted at step 1, before the probed step 2" in result["reason"]
     assert result["diagnosis"]["first"]["entry"] == "state:0"  # the probe sees the earlier difference as it starts
+
+
+def test_a_registered_scripts_pair_is_bisected_and_its_runs_told_the_probe_step(client: TestClient,
+                                                                              session: Session) -> None:
+    script = {"name": "sft", "global_batch": 16, "default_steps": 5, "script": True}
+    beat = {"worker": "node:default", "queue": "default", "info": {"workloads": [script]}}
+    assert client.post("/api/v1/ingest/heartbeat", json=beat, headers=AUTH).status_code == 200
+    source = train_job(client, parts_at=2, workload="sft")
+    assert source["params"]["script"] is True
+    job = client.post(f"/api/v1/jobs/{source['id']}/bisect", json={}).json()
+    assert (job["kind"], job["workload"], job["params"]["bisect"]["step"]) == ("bisect", "sft", 2)
+    assert claim(client, job["runs"][1]["id"])["probe_step"] == 2  # the worker hands it to the script's Recorder
