@@ -35,6 +35,8 @@ QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded"
 FINISHED = (SUCCEEDED, FAILED, CANCELLED)
 # A job of this kind is an SDK recording (services.recordings): its one run is fed by the SDK, never by a worker.
 RECORDING = "recording"
+# A job of this kind replays a train job's diverged pair and probes one step module by module (services.bisect).
+BISECT = "bisect"
 
 
 def utcnow() -> datetime:

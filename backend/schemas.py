@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from detlab.backend.models import CANCELLED, FAILED, QUEUED, RECORDING, RUNNING, SUCCEEDED
+from detlab.backend.models import BISECT, CANCELLED, FAILED, QUEUED, RECORDING, RUNNING, SUCCEEDED
 from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
 from detlab.core.diagnosis import VERDICTS as DIAGNOSIS_VERDICTS
 from detlab.core.text import storable
@@ -84,6 +84,15 @@ class JobCreate(RequestBody):
     diagnosis: DiagnosisSpec | None = None
     queue: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")
     tags: Tags = Field(default_factory=list)
+
+
+class BisectCreate(RequestBody):
+    """POST /jobs/{id}/bisect: which pair of the train job to replay and which step to probe."""
+
+    pair: list[Annotated[int, Field(ge=0, le=7)]] | None = Field(default=None, min_length=2, max_length=2, description=(
+        "two config indices of the job (their first repeats); default [0, 1], the pair its verdict is about"))
+    step: int | None = Field(default=None, ge=1, le=INT32, description=(
+        "the step to probe; default the pair's first divergent step"))
 
 
 class JobUpdate(RequestBody):
@@ -165,7 +174,7 @@ class JobSummary(BaseModel):
     queue: str
 
 
-JOB_KINDS = ("train", "collective", "sweep", "batch-invariance", "op-audit", RECORDING)
+JOB_KINDS = ("train", "collective", "sweep", "batch-invariance", "op-audit", BISECT, RECORDING)
 JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 VERDICTS = ("identical", "diverged", "incomplete", "incomparable", "reproducible", "not-reproducible",
             *DIAGNOSIS_VERDICTS)
@@ -541,3 +550,51 @@ class WhyReport(BaseModel):
     first_divergent_step: int | None
     note: str | None  # set when the pair did not diverge: the checklist is for divergences
     items: list[WhyItem]
+
+
+class BisectCall(OpenModel):
+    """The first difference, or the first divergent module call, of a bisect (detlab.core.bisect.diagnose)."""
+
+    entry: str
+    phase: str
+    ranks: list[int]
+
+
+class ModuleRow(OpenModel):
+    """One module of the model's tree: depth, class, calls made at the probe step, and its status."""
+
+    module: str
+    shown: str
+    depth: int
+    type: str
+    calls: int
+    status: Literal["equal", "differs", "first difference", "not called"]
+    state_differs: bool
+    verdict: Literal["introduced", "carried"] | None = None
+    differing: list[str]
+
+
+class Diagnosis(OpenModel):
+    first: BisectCall | None
+    first_module: BisectCall | None
+    state_differs: list[str]
+    tree: list[ModuleRow]
+    entries: int
+    entries_differing: int
+    summary: str
+
+
+class BisectResult(OpenModel):
+    """GET /jobs/{id}/bisect: the replay's verdict (as a train pair's), and where in the step the runs part."""
+
+    verdict: str
+    reason: str | None
+    run_a: int | None = None
+    run_b: int | None = None
+    ranks: list[int] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
+    source: dict[str, Any]
+    step: int
+    diagnosis: Diagnosis | None
+    config_diff: list[KeyDiff]
+    environment: list[EnvFact] = Field(default_factory=list)

@@ -723,5 +723,56 @@ def upload(
                f"{server.rstrip('/')}/jobs/{done.job_id}")
 
 
+@app.command()
+def bisect(
+    job: Annotated[int, typer.Argument(help="a finished train job whose pair diverged")],
+    pair: Annotated[str | None, typer.Option(metavar="I,J", help="two config indices (default 0,1)")] = None,
+    step: Annotated[int | None, typer.Option(min=1, help="the step to probe (default the first divergent one)")] = None,
+    server: Server = "http://127.0.0.1:8000",
+    wait: Annotated[bool, typer.Option(help="wait for the bisect and print the first divergent module")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object as the last line")] = False,
+    timeout: float = 3600.0,
+) -> None:
+    """Replay a diverged train pair up to its first divergent step with hooks on every module, and name the first
+    module whose outputs or gradients differ, with whether its inputs matched (it introduced the difference) or
+    not (it carried it). Exit 0 when submitted (--wait: when it finished), 1 when it failed, 2 on an error, 3 when
+    --wait timed out."""
+    from detlab.core.bisect import tree_lines
+
+    try:
+        body = {"pair": [int(i) for i in pair.split(",")] if pair else None, "step": step}
+    except ValueError:
+        _fail(f"--pair {pair}: two config indices, e.g. 0,1")
+    try:
+        with httpx.Client(base_url=server.rstrip("/"), timeout=60, headers=_auth_headers()) as http:
+            resp = http.post(f"/api/v1/jobs/{job}/bisect", json=body)
+            if resp.status_code not in (201, 202):
+                _fail(f"{server} refused the bisect ({resp.status_code}): {_detail(resp)}")
+            found = resp.json()
+            deadline = time.monotonic() + timeout
+            while wait and found["status"] not in ("succeeded", "failed", "cancelled"):
+                if time.monotonic() > deadline:
+                    typer.echo(f"timed out waiting for bisect job {found['id']}", err=True)
+                    raise typer.Exit(3)
+                time.sleep(1.0)
+                found = http.get(f"/api/v1/jobs/{found['id']}").json()
+            got = http.get(f"/api/v1/jobs/{found['id']}/bisect") if wait else None
+    except httpx.TransportError as exc:
+        _fail(f"cannot reach {server}: {exc}")
+    result = {"job": found, **(got.json() if got is not None and got.status_code == 200 else {})}
+    if as_json:
+        typer.echo(json.dumps(result))
+    elif not wait:
+        typer.echo(f"bisect job {found['id']} submitted: {server}/jobs/{found['id']}")
+    else:
+        diagnosis = result.get("diagnosis")
+        typer.echo(f"bisect job {found['id']} {found['status']}: verdict {result.get('verdict')} at step "
+                   f"{result.get('step')}; " + (diagnosis["summary"] if diagnosis else str(result.get("reason"))))
+        for line in tree_lines(diagnosis["tree"]) if diagnosis else []:
+            typer.echo(line)
+    if wait and found["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     app()

@@ -103,10 +103,12 @@ def child_env(spec: RunSpec, rank: int, log_dir: Path) -> dict[str, str]:
 
 def script_env(spec: RunSpec, folder: Path) -> dict[str, str]:
     """What a registered script's detlab.Recorder reads to record for this run (detlab.sdk.recorder): where to
-    write, every how many steps, and the config's seed and torch flags, which it applies when it is made."""
+    write, every how many steps, the config's seed and torch flags, which it applies when it is made, and the
+    step a bisect probes (detlab.sdk.probing)."""
     return {"DETLAB_RUN_DIR": str(folder), "DETLAB_EVERY": str(spec.fingerprint_interval),
             "DETLAB_STEPS": str(spec.steps), "DETLAB_SEED": str(spec.seed),
-            **({"DETLAB_TORCH_FLAGS": spec.torch.model_dump_json()} if spec.torch else {})}
+            **({"DETLAB_TORCH_FLAGS": spec.torch.model_dump_json()} if spec.torch else {}),
+            **({"DETLAB_PROBE_STEP": str(spec.probe_step)} if spec.probe_step else {})}
 
 
 def upload_logs(client: IngestClient, run_id: int, attempt: int, folder: Path, world: int) -> None:

@@ -10,7 +10,7 @@ from detlab.backend.api.deps import JobId, SessionDep
 from detlab.backend.figures import diagnosis as diagnosis_figures
 from detlab.backend.models import Job
 from detlab.backend.schemas import DiagnosisResult, PlotlyFigure
-from detlab.backend.services.settle import is_diagnosis, job_result
+from detlab.backend.services.settle import job_result, report_kind
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -19,7 +19,7 @@ def _result(job_id: int, session: SessionDep) -> dict[str, Any]:
     job = session.get(Job, job_id)
     if job is None:
         raise HTTPException(404, f"job {job_id} not found")
-    if not is_diagnosis(job):
+    if report_kind(job) != "diagnosis":
         raise HTTPException(404, f"job {job_id} is a {job.kind} job, not a diagnosis (batch-invariance, op-audit)")
     result = job_result(session=session, job=job)
     session.commit()  # a finished job's result may just have been stored

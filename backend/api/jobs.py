@@ -15,9 +15,11 @@ from detlab.backend.api.deps import CurrentUser, JobId, RankPath, RunId, Session
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import drift as drift_figures
 from detlab.backend.figures import train as train_figures
-from detlab.backend.models import FINISHED, CommLog, Job, RankEnv, Run, utcnow
+from detlab.backend.models import BISECT, FINISHED, CommLog, Job, RankEnv, Run, utcnow
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import (
+    BisectCreate,
+    BisectResult,
     CollectiveFigures,
     CollectiveResult,
     JobCreate,
@@ -33,9 +35,9 @@ from detlab.backend.schemas import (
     TrainResult,
     WhyReport,
 )
-from detlab.backend.services import cache, cancel, idempotency, job_list, jobs, why
+from detlab.backend.services import bisect, cache, cancel, idempotency, job_list, jobs, why
 from detlab.backend.services.dispatch import send, undispatch
-from detlab.backend.services.settle import is_collective, is_diagnosis, job_result
+from detlab.backend.services.settle import ReportKind, job_result, report_kind
 from detlab.backend.services.workers import queue_state
 from detlab.core import commlog
 from detlab.core.wire import INT32
@@ -139,20 +141,50 @@ def update_job(job_id: JobId, data: JobUpdate, session: SessionDep, settings: Se
 @router.get("/{job_id}/spec", response_model=JobCreate)
 def read_spec(job_id: JobId, session: SessionDep) -> JobCreate:
     """The body that submits this job again (POST /jobs), configs in full: what the page's Rerun fills in."""
-    return JobCreate.model_validate(jobs.spec_of(_job_or_404(session, job_id)))
+    job = _job_or_404(session, job_id)
+    if job.kind == BISECT:
+        raise HTTPException(409, f"job {job_id} is a bisect: POST /jobs/{job_id}/rerun replays it again")
+    return JobCreate.model_validate(jobs.spec_of(job))
 
 
 @router.post("/{job_id}/rerun", status_code=201, response_model=JobRead, responses={
     202: {"model": JobRead, "description": "stored; the broker is down, so its runs are sent later"}})
 def rerun_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser,
               response: Response) -> JobRead:
-    """Submit the job again, as it was submitted (a new job with new runs; the old one is kept)."""
-    data = JobCreate.model_validate(jobs.spec_of(_job_or_404(session, job_id)))
+    """Submit the job again, as it was submitted (a new job with new runs; the old one is kept); a bisect job is
+    a new bisect of the same pair and step."""
+    old = _job_or_404(session, job_id)
     try:
-        job = jobs.create_job(session=session, data=data, settings=settings, submitter=user)
+        if old.kind == BISECT:
+            job = bisect.again(session=session, job=old, settings=settings, submitter=user)
+        else:
+            job = jobs.create_job(session=session, data=JobCreate.model_validate(jobs.spec_of(old)),
+                                  settings=settings, submitter=user)
     except jobs.InvalidJob as exc:  # the server's limits or workers changed since
         raise HTTPException(422, str(exc)) from exc
     return _send(session, settings, job, response)
+
+
+@router.post("/{job_id}/bisect", status_code=201, response_model=JobRead, responses={
+    202: {"model": JobRead, "description": "stored; the broker is down, so its runs are sent later"},
+    422: {"description": "the job cannot be bisected (not a finished train job of a built-in workload, or its "
+                         "pair did not diverge): the message says why"}})
+def bisect_job(job_id: JobId, data: BisectCreate, session: SessionDep, settings: SettingsDep, user: CurrentUser,
+               response: Response) -> JobRead:
+    """Replay a diverged train pair up to its first divergent step and probe that step module by module: a new
+    `bisect` job with two runs (GET /jobs/{new}/bisect for the first divergent module)."""
+    try:
+        job = bisect.create_bisect(session=session, job=_job_or_404(session, job_id), data=data, settings=settings,
+                                   submitter=user)
+    except jobs.InvalidJob as exc:
+        raise HTTPException(422, str(exc)) from exc
+    return _send(session, settings, job, response)
+
+
+@router.get("/{job_id}/bisect", response_model=BisectResult)
+def read_bisect(job_id: JobId, session: SessionDep) -> dict[str, Any]:
+    """A bisect job's replay: its verdict, the first difference, the first divergent module and the module tree."""
+    return _result(job_id, session, kind="bisect")
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead, responses={409: {"description": "the job already finished"}})
@@ -168,14 +200,17 @@ def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: 
     return _read(session, settings, job)
 
 
-def _result(job_id: int, session: SessionDep, *, collective: bool) -> dict[str, Any]:
-    """The job's result (stored once it finished, live before), if the job is of this kind."""
+def _result(job_id: int, session: SessionDep, *, kind: ReportKind) -> dict[str, Any]:
+    """The job's result (stored once it finished, live before), if the job's report is of this kind."""
     job = _job_or_404(session, job_id)
-    of_kind = is_collective(job) == collective and not is_diagnosis(job)
-    result = job_result(session=session, job=job) if of_kind else None
+    what = {"collective": "collective trials", "train": "recorded steps", "bisect": "probe steps",
+            "diagnosis": "diagnosis results"}[kind]
+    if report_kind(job) != kind:
+        raise HTTPException(404, f"job {job_id} is a {job.kind} job: it has no {what}")
+    result = job_result(session=session, job=job)
     session.commit()  # a job finished before results were stored has just had its result stored
     if result is None:
-        raise HTTPException(404, f"job {job_id} has no {'collective trials' if collective else 'recorded steps'} yet")
+        raise HTTPException(404, f"job {job_id} has no {what} yet")
     return result
 
 
@@ -185,7 +220,7 @@ StepQuery = Annotated[int | None, Query(ge=0, le=INT32, description="a step wind
 
 def _comparison(job_id: int, session: SessionDep, from_step: int | None, to_step: int | None) -> dict[str, Any]:
     """The stored comparison (per-step series thinned), or a step window of it in full from the rows."""
-    result = _result(job_id, session, collective=False)
+    result = _result(job_id, session, kind="train")
     if from_step is None and to_step is None:
         return result
     lo, hi = from_step or 0, INT32 if to_step is None else to_step
@@ -236,23 +271,23 @@ def read_drift_figure(job_id: JobId, session: SessionDep, request: Request, from
 @router.get("/{job_id}/comparison/divergence/figure", response_model=PlotlyFigure)
 def read_divergence_figure(job_id: JobId, session: SessionDep) -> dict[str, Any]:
     """Tensor × step heatmap of where the compared runs differ, the differing ranks on hover."""
-    return train_figures.divergence_figure(_result(job_id, session, collective=False))
+    return train_figures.divergence_figure(_result(job_id, session, kind="train"))
 
 
 @router.get("/{job_id}/throughput/figure", response_model=PlotlyFigure)
 def read_throughput_figure(job_id: JobId, session: SessionDep, request: Request) -> Response:
     return _cached(request, session, job_id, "throughput figure", lambda: PlotlyFigure.model_validate(
-        train_figures.throughput_figure(_result(job_id, session, collective=False))).model_dump_json().encode())
+        train_figures.throughput_figure(_result(job_id, session, kind="train"))).model_dump_json().encode())
 
 
 @router.get("/{job_id}/collective", response_model=CollectiveResult)
 def read_collective(job_id: JobId, session: SessionDep) -> dict[str, Any]:
-    return _result(job_id, session, collective=True)
+    return _result(job_id, session, kind="collective")
 
 
 @router.get("/{job_id}/collective/figures", response_model=CollectiveFigures)
 def read_collective_figures(job_id: JobId, session: SessionDep) -> dict[str, dict[str, Any]]:
-    return collective_figures.collective_figures(_result(job_id, session, collective=True))
+    return collective_figures.collective_figures(_result(job_id, session, kind="collective"))
 
 
 PairRun = Annotated[int | None, Query(ge=1, le=INT32, description="a run of the job (give a and b, or neither)")]

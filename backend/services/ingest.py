@@ -27,6 +27,7 @@ from detlab.backend.models import (
     TensorMeta,
     utcnow,
 )
+from detlab.backend.services import bisect
 from detlab.backend.services.settle import settle
 from detlab.backend.services.workers import as_utc
 from detlab.core import commlog, wire
@@ -80,6 +81,7 @@ def run_spec(run: Run) -> wire.RunSpec:
         "world_size": run.world_size, "steps": run.steps_total,
         "fingerprint_interval": run.job.params.get("fingerprint_interval", 1),
         "inject_bitflip": run.job.params.get("inject_bitflip"),
+        "probe_step": bisect.probe_step(run.job),
     })
 
 

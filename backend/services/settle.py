@@ -5,11 +5,12 @@ Pages read the stored result; an unfinished job's result is built live from what
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
-from detlab.backend.models import FINISHED, Job
+from detlab.backend.models import BISECT, FINISHED, Job
+from detlab.backend.reports import bisect as bisect_report
 from detlab.backend.reports import collective as collective_report
 from detlab.backend.reports import diagnosis as diagnosis_report
 from detlab.backend.reports import findings
@@ -18,22 +19,24 @@ from detlab.backend.services.jobs import roll_up
 from detlab.core import steps
 from detlab.core.diagnosis import DIAGNOSIS_KINDS
 
+ReportKind = Literal["train", "collective", "bisect", "diagnosis"]
+REPORTS = {"train": train_report, "collective": collective_report, "bisect": bisect_report,
+           "diagnosis": diagnosis_report}
 
-def is_collective(job: Job) -> bool:
-    """Collective and sweep-over-collective jobs; everything else (train, sweep over train) trains."""
-    return job.workload == "collective"
 
-
-def is_diagnosis(job: Job) -> bool:
-    """batch-invariance and op-audit jobs (reports.diagnosis)."""
-    return job.kind in DIAGNOSIS_KINDS
+def report_kind(job: Job) -> ReportKind:
+    """Which report a job's result is: collective (collective and sweep-over-collective jobs), bisect, diagnosis
+    (batch-invariance and op-audit jobs), or train (train and sweep-over-train jobs, SDK recordings)."""
+    if job.workload == "collective":
+        return "collective"
+    if job.kind == BISECT:
+        return "bisect"
+    return "diagnosis" if job.kind in DIAGNOSIS_KINDS else "train"
 
 
 def _build(*, session: Session, job: Job) -> dict[str, Any] | None:
     """The job's result from its records as they are now; None before anything is recorded."""
-    if is_diagnosis(job):
-        return diagnosis_report.build(session=session, job=job)
-    report = collective_report if is_collective(job) else train_report
+    report = REPORTS[report_kind(job)]
     result = report.build(session=session, job=job)
     if result is None:
         return None
@@ -42,7 +45,7 @@ def _build(*, session: Session, job: Job) -> dict[str, Any] | None:
     stored: dict[str, Any] = json.loads(json.dumps(result), parse_constant=lambda _: None)
     # A train comparison keeps its per-step series thinned (100k steps would be megabytes on every read);
     # a step window in full is computed from the rows on demand (reports.train.window).
-    return stored if report is collective_report else steps.downsample(stored)
+    return stored if report is not train_report else steps.downsample(stored)
 
 
 def list_verdict(result: dict[str, Any] | None) -> str | None:
@@ -81,7 +84,7 @@ def settle(*, session: Session, job: Job) -> None:
         return
     if job.result is None:
         result = _store(session=session, job=job)
-        if result:
+        if result and report_kind(job) != "bisect":  # a replay of one step measures no config
             findings.record_job(session=session, job=job, result=result)
 
 
@@ -94,6 +97,6 @@ def job_result(*, session: Session, job: Job) -> dict[str, Any] | None:
         return _build(session=session, job=job)
     if job.result is None:
         _store(session=session, job=job)
-    elif not is_collective(job) and not is_diagnosis(job) and steps.is_oversize(job.result):
+    elif report_kind(job) == "train" and steps.is_oversize(job.result):
         job.result = steps.downsample(job.result)  # stored before results were thinned: thinned once
     return job.result or None

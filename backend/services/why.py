@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import FINISHED, CommLog, Config, Job, RankEnv, Run
 from detlab.backend.reports import pair
-from detlab.backend.services.settle import is_collective, job_result
+from detlab.backend.services.settle import job_result, report_kind
 from detlab.core import why
 
 OP_AUDIT, BATCH_INVARIANCE = "op-audit", "batch-invariance"
@@ -85,7 +85,7 @@ def _verdict(session: Session, run_a: Run, run_b: Run) -> tuple[str | None, int 
 def for_job(*, session: Session, job: Job, a: int | None, b: int | None) -> dict[str, Any]:
     """The why-report of two runs of a training job: runs a and b, or by default the pair its verdict is about
     (the first runs of its first two configs; of a single config, its first two repeats)."""
-    if is_collective(job) or job.kind in AUDIT_KINDS:
+    if report_kind(job) != "train":
         raise BadPair(f"job {job.id} is a {job.kind} job: the why-report compares training runs")
     if (a is None) != (b is None):
         raise BadPair("give both a and b (two runs of the job), or neither for the pair its verdict is about")

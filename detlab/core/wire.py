@@ -176,6 +176,9 @@ class RunPlan(Wire):
     inject_bitflip: BitFlip | None = None
     collective: CollectiveSpec | None = None
     diagnosis: DiagnosisSpec | None = None
+    # A bisect run: train to this step unrecorded, record this step module call by module call, and stop
+    # (detlab.core.bisect names the entries).
+    probe_step: int | None = Field(default=None, ge=1, le=INT32)
 
     @model_validator(mode="after")
     def _collective_iff_kind(self) -> RunPlan:
@@ -187,6 +190,8 @@ class RunPlan(Wire):
             raise ValueError(f"a {self.kind} run needs `diagnosis` parameters")
         if self.kind in ("train", "collective") and self.diagnosis is not None:
             raise ValueError(f"a {self.kind} run takes no `diagnosis` parameters")
+        if self.probe_step is not None and (self.kind != "train" or self.probe_step > self.steps):
+            raise ValueError("probe_step is a step of a train run: 1 <= probe_step <= steps")
         return self
 
 

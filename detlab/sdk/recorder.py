@@ -27,6 +27,7 @@ from detlab.core.wire import Drift, EnvRecord, RecordingOpen, StepRecord, Tags, 
 from detlab.sdk import identity, store, upload
 from detlab.sdk import tensors as named_tensors
 from detlab.sdk.digests import Digester, Pending, read_scalar
+from detlab.sdk.probing import Probing
 from detlab.sdk.spool import Spool
 
 if TYPE_CHECKING:
@@ -117,11 +118,14 @@ class Recorder:
                  optimizer: torch.optim.Optimizer | None = None, buffers: bool = False, drift: bool = True,
                  overwrite: bool = False, flush_timeout_s: float = 60.0) -> None:
         server = server or None
+        self._probing: Probing | None = None
         if run_dir := os.environ.get("DETLAB_RUN_DIR"):
             # Run by a detlab worker as a registered script: it reads the records where it says and streams
             # them itself, every as many steps as the job asks, under the config's torch flags.
             out, server = run_dir, None
             every = int(os.environ.get("DETLAB_EVERY", every))
+            if probe_step := os.environ.get("DETLAB_PROBE_STEP"):  # a bisect of this script (detlab.sdk.probing)
+                self._probing, every = Probing(int(probe_step)), 1
             if flags := os.environ.get("DETLAB_TORCH_FLAGS"):
                 from detlab.core.configs import TorchFlags
                 from detlab.worker.ranks.train import apply_torch_flags
@@ -227,6 +231,11 @@ class Recorder:
             raise ValueError(f"rec.step({step}) after step {self._last_step}: step numbers must increase")
         self._begin(model)
         assert self._spool is not None and self._who is not None
+        if self._probing is not None:
+            self._probing.step(step=step, model=model, loss=loss, seconds=seconds, rank=self._who.rank,
+                               put=self._spool.put, digester=self._digester, loss_bits=loss_bits)
+            self._last_step = step
+            return
         state = self._state(model)
         recorded = state
         grad_digests = None

@@ -17,7 +17,7 @@
 
   const { API, $, el, getJSON, sendJSON, parseTags, setRows, sleep, pct, badge, formatTime, worldSizes, jobConfigLabel } =
     window.detlab;
-  const kinds = new Map(); // job kind -> its view: {runsHead, describe(job), load(job), running?(job)}
+  const kinds = new Map(); // job kind -> its view: {runsHead, describe(job), load(job), running?(job), rerunnable?}
   let runsFolded = false; // fold a long runs list once, then leave it to the user
   let shown = null; // the job as last rendered (the Cancel button acts on it)
 
@@ -86,7 +86,7 @@
     $("job-status").replaceChildren(badge(job.status));
     $("cancel-job").hidden = !CANCELLABLE.has(job.status);
     $("rerun-job").href = `/?rerun=${encodeURIComponent(job.id)}`;
-    $("rerun-job").hidden = false;
+    $("rerun-job").hidden = view.rerunnable === false; // the submit form cannot hold this kind (a bisect)
     renderTags(job.tags || []);
     // No live worker on the job's queue: it waits, and the page says so rather than a silent "queued".
     $("queue-note").textContent = job.queue_note ? `Waiting: ${job.queue_note}.` : "";

@@ -291,6 +291,7 @@
     // One config has no A/B pair: its page is the reproducibility of its repeats (and its throughput).
     const pairwise = (job.configs || []).length > 1 && cmp.run_a !== undefined;
     renderBanner(job, cmp, pairwise);
+    if (pairwise) window.detlab.job.offerBisect(job, cmp); // bisect.js: the first divergent module, one click
     $("comparison").hidden = false;
     $("comparison-title").textContent = pairwise ? "Comparison" : "Reproducibility";
     $("pairwise").hidden = !pairwise;

@@ -117,7 +117,7 @@ def test_pages_of_a_sort_neither_repeat_nor_skip(client: TestClient, jobs: dict[
 
 
 @pytest.mark.parametrize("query", ["sort=params", "sort=result", "order=up", "limit=201", "limit=0", "offset=-1",
-                                   "status=done", "kind=bisect", "verdict=maybe", "tag=no%20spaces", "stauts=queued",
+                                   "status=done", "kind=nonsense", "verdict=maybe", "tag=no%20spaces", "stauts=queued",
                                    "created_after=yesterday", f"q={'x' * 65}"])
 def test_a_bad_query_is_a_422(client: TestClient, query: str) -> None:
     assert client.get(f"/api/v1/jobs?{query}").status_code == 422

@@ -255,3 +255,12 @@ def test_collective_parameters_out_of_bounds_are_refused(fields: dict[str, Any],
     with pytest.raises(ValidationError) as caught:
         CollectiveSpec.model_validate(data)
     assert fragment in explain(caught.value)
+
+
+@pytest.mark.parametrize("fields", [{"probe_step": 21}, {"probe_step": 0},
+                                    {"probe_step": 1, "kind": "collective", "workload": "collective",
+                                     "collective": {"ops": ["broadcast"], "dtypes": ["float32"], "sizes": [4096]}}])
+def test_a_probe_step_is_a_step_of_a_train_run(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="probe_step"):
+        RunSpec.model_validate(run_spec(**fields))
+    assert RunSpec.model_validate(run_spec(probe_step=20)).probe_step == 20

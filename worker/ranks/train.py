@@ -29,6 +29,7 @@ from detlab.core.train import recorded_steps
 from detlab.core.wire import Drift, EnvRecord, RankSpec, Record, StepRecord, TensorInfo, TensorsRecord, TorchFacts
 from detlab.worker import fingerprint as fp
 from detlab.worker.drift import Sketcher
+from detlab.worker.probe import Probe
 from detlab.worker.workloads import registry
 
 
@@ -156,40 +157,48 @@ def train(spec: RankSpec) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     named = list(model.named_parameters())
     spool.write(env_record(rank, device, backend))
-    if rank == 0:
+    probing = spec.probe_step is not None  # a bisect run: its tensor list is its probe's entries (Probe.records)
+    if rank == 0 and not probing:
         spool.write(TensorsRecord(tensors=[
             TensorInfo(index=i, name=n, shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."))
             for i, (n, p) in enumerate(named)]))
     inject = spec.inject_bitflip
     steps = spec.steps
-    fingerprinted = set(recorded_steps(steps, spec.fingerprint_interval))  # as the comparison expects
+    # A bisect run records every step before its probe step by its model digest alone (the replay is checked to
+    # match up to there, and its progress shows), and the probe step module call by module call.
+    fingerprinted = set(range(spec.probe_step) if spec.probe_step else recorded_steps(steps, spec.fingerprint_interval))
     share = workload.global_batch // world
 
     params = [p for _, p in named]  # one list, the same every step: the fingerprint's launch plan is kept
     sketcher = Sketcher()
 
     def record(step: int, loss: torch.Tensor | None, seconds: float) -> None:
-        sketched = sketcher.submit(params)
+        sketched = None if probing else sketcher.submit(params)  # a probe's steps before its own: digest only
         digests = fp.fingerprint_many(params)
         packed = b"".join(fp.digest_to_bytes(d) for d in digests)
         value = float(loss.item()) if loss is not None else None
         spool.write(StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION,
-                               model_digest=fp.fingerprint_bytes(packed), digests=packed.hex(),
+                               model_digest=fp.fingerprint_bytes(packed), digests="" if probing else packed.hex(),
                                loss_bits=loss_bits(loss) if loss is not None else "",
                                # a loss that blew up is kept in its bits; the number column takes finite ones
                                loss=value if value is not None and math.isfinite(value) else None,
-                               step_time_s=seconds, drift=drift_of(sketched())))
+                               step_time_s=seconds, drift=drift_of(sketched()) if sketched else None))
 
     record(0, None, 0.0)
     for step in range(1, steps + 1):
+        probe = Probe(model) if step == spec.probe_step else None
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
         batch = tuple(t[rank * share : (rank + 1) * share] for t in workload.batch(step, seed, device))
         loss = workload.loss(ddp, batch)
+        if probe:
+            probe.loss(loss)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if probe:
+            probe.grads(named)
         opt.step()
         if device.type == "cuda":
             end.record()
@@ -201,6 +210,13 @@ def train(spec: RankSpec) -> None:
             flip_bit(model, inject.tensor)
         if step in fingerprinted:
             record(step, loss, seconds)
+        if probe:
+            probe.params(named)
+            tensors, stepped = probe.records(step, rank, float(loss.item()), loss_bits(loss), seconds)
+            if rank == 0:
+                spool.write(tensors)
+            spool.write(stepped)
+            break
     dist.barrier()
     dist.destroy_process_group()
 
