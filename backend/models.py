@@ -334,6 +334,17 @@ class FindingCell(Base):
     busbw_gbps: Mapped[float | None] = mapped_column(Float)  # collective: at the largest size
 
 
+class HistoryChange(Base):
+    """One change to the team's history (reports.findings.store: a settled job's or an imported file's
+    measurements replaced, or only removed). The latest id tells a reader in one index lookup whether what it
+    built from the history still holds; counting the history's rows to notice a removal took a scan."""
+
+    __tablename__ = "history_changes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    changed_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class User(Base):
     """A person of auth mode `local`: a role (viewer, member, admin) and an argon2 password hash."""
 

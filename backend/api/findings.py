@@ -6,11 +6,13 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from pydantic import BaseModel
 
+from detlab.backend import static
 from detlab.backend.api.deps import SessionDep
 from detlab.backend.reports import findings, matrix
+from detlab.backend.services import cache
 
 router = APIRouter(prefix="/api/v1/findings", tags=["findings"])
 
@@ -145,16 +147,25 @@ def read_findings(session: SessionDep) -> FindingsRead:
 
 
 @router.get("/matrix", response_model=MatrixRead)
-def read_matrix(session: SessionDep, kind: Text = None, workload: Text = None, op: Text = None, dtype: Text = None,
-                since: Day = None, until: Day = None) -> dict[str, Any]:
+def read_matrix(session: SessionDep, request: Request, kind: Text = None, workload: Text = None, op: Text = None,
+                dtype: Text = None, since: Day = None, until: Day = None) -> Response:
     """Config × stack (GPU, driver, CUDA/ROCm, torch, NCCL/RCCL) over every finished job and imported
     file in scope: reproducibility k/n, cost with its interval, first divergence, trend, latest job.
-    Without a kind, the scope is the first thing measured (train workloads first), as `scope` says."""
-    scope = matrix.default_scope(session=session, scope=_scope(kind, workload, op, dtype, since, until))
-    body = matrix.cached_matrix(session=session, scope=scope)
-    return {**body, "options": matrix.options(session=session),
-            "scope": {"kind": scope.kind, "workload": scope.workload, "op": scope.op, "dtype": scope.dtype,
-                      "since": since and since.isoformat(), "until": until and until.isoformat()}}
+    Without a kind, the scope is the first thing measured (train workloads first), as `scope` says.
+
+    Built once per scope until the history changes (many readers of a team's page ask for the same few
+    scopes between two finished jobs), then served as stored bytes, revalidated by ETag."""
+    at = matrix.version(session=session)
+    scope = matrix.default_scope(session=session, scope=_scope(kind, workload, op, dtype, since, until), at=at)
+
+    def build() -> bytes:
+        body = {**matrix.matrix(session=session, scope=scope), "options": matrix.options(session=session, at=at),
+                "scope": {"kind": scope.kind, "workload": scope.workload, "op": scope.op, "dtype": scope.dtype,
+                          "since": since and since.isoformat(), "until": until and until.isoformat()}}
+        return MatrixRead.model_validate(body).model_dump_json().encode()
+
+    item = cache.get_or_build(("findings matrix", at, scope), build)
+    return static.respond(request, item, cache_control=static.REVALIDATE)
 
 
 @router.get("/history", response_model=HistoryRead)

@@ -11,6 +11,7 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from detlab.backend import static
 from detlab.backend.api.deps import CurrentUser, JobId, RankPath, RunId, SessionDep, SettingsDep
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import train as train_figures
@@ -195,13 +196,7 @@ def _cached(request: Request, session: SessionDep, job_id: int, what: Hashable, 
     """A JSON response of a job's result: a finished job's is built once per process (services.cache), sent
     gzipped when the client takes it, and revalidated by ETag (304 without the body)."""
     key = cache.finished_key(session=session, job_id=job_id)
-    item = cache.get_or_build(key and (key, what), build)
-    headers = {"ETag": item.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
-    if item.etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
-        return Response(status_code=304, headers=headers)
-    if "gzip" in request.headers.get("accept-encoding", ""):
-        return Response(item.gzipped, media_type="application/json", headers={**headers, "Content-Encoding": "gzip"})
-    return Response(item.body, media_type="application/json", headers=headers)
+    return static.respond(request, cache.get_or_build(key and (key, what), build), cache_control=static.REVALIDATE)
 
 
 # A single-config comparison has no two-run keys: absent, as the report leaves them, not null.
