@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from detlab.backend import static
 from detlab.backend.api.deps import CurrentUser, JobId, RankPath, RunId, SessionDep, SettingsDep
+from detlab.backend.api.responses import json_response
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import train as train_figures
 from detlab.backend.models import FINISHED, CommLog, Job, Run, utcnow
@@ -98,11 +99,11 @@ def _first_job(session: SessionDep, key: str, digest: str) -> Job | None:
 
 
 @router.get("", response_model=JobsPage)
-def list_jobs(session: SessionDep, query: Annotated[JobsQuery, Query()]) -> JobsPage:
+def list_jobs(session: SessionDep, query: Annotated[JobsQuery, Query()]) -> Response:
     """Jobs matching the filters, sorted (newest first by default), a page at a time, with the total."""
     items, total = job_list.list_jobs(session=session, query=query)
-    return JobsPage(items=[JobSummary.model_validate(item) for item in items], total=total,
-                    limit=query.limit, offset=query.offset)
+    return json_response(JobsPage(items=[JobSummary.model_validate(item) for item in items], total=total,
+                                  limit=query.limit, offset=query.offset))
 
 
 def _job_or_404(session: SessionDep, job_id: int) -> Job:
@@ -120,8 +121,9 @@ def _read(session: SessionDep, settings: SettingsDep, job: Job) -> JobRead:
 
 
 @router.get("/{job_id}", response_model=JobRead)
-def read_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobRead:
-    return _read(session, settings, _job_or_404(session, job_id))
+def read_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> Response:
+    """The job, its configs and runs, progress and live workers: what its page polls."""
+    return json_response(_read(session, settings, _job_or_404(session, job_id)))
 
 
 @router.patch("/{job_id}", response_model=JobRead)
