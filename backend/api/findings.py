@@ -1,5 +1,5 @@
-"""The team's history: collective cells by hardware and library, the config × stack matrix with its
-filters, and one cell's measurements linked to their jobs."""
+"""The team's history: the config × stack matrix with its filters (collective cells by op and dtype, train
+configs by workload), and one cell's measurements linked to their jobs."""
 
 from __future__ import annotations
 
@@ -11,32 +11,10 @@ from pydantic import BaseModel
 
 from detlab.backend import static
 from detlab.backend.api.deps import SessionDep
-from detlab.backend.reports import findings, matrix
+from detlab.backend.reports import matrix
 from detlab.backend.services import cache
 
 router = APIRouter(prefix="/api/v1/findings", tags=["findings"])
-
-
-class FindingGroup(BaseModel):
-    """One hardware × library × config × op × dtype: sizes reproducible and busbw at the largest size."""
-
-    hardware: str
-    library: str
-    config: str
-    op: str
-    dtype: str
-    env: dict[str, Any]
-    sources: list[str]
-    sizes: int
-    reproducible: int
-    cells: int
-    min_runs: int
-    largest_bytes: int
-    busbw_gbps_at_largest: float | None
-
-
-class FindingsRead(BaseModel):
-    groups: list[FindingGroup]
 
 
 class Cost(BaseModel):
@@ -137,13 +115,6 @@ def _scope(kind: str | None, workload: str | None, op: str | None, dtype: str | 
     start = datetime.combine(since, time(), UTC) if since else None
     end = datetime.combine(until, time(), UTC) + timedelta(days=1) if until else None  # until is inclusive
     return matrix.Scope(kind=kind, workload=workload, op=op, dtype=dtype, since=start, until=end)
-
-
-@router.get("", response_model=FindingsRead)
-def read_findings(session: SessionDep) -> FindingsRead:
-    """Collective measurements per hardware, library, config, op and dtype: the sizes that were
-    reproducible and the bus bandwidth at the largest size."""
-    return FindingsRead.model_validate({"groups": findings.summary(session=session)})
 
 
 @router.get("/matrix", response_model=MatrixRead)
