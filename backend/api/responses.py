@@ -10,5 +10,5 @@ from fastapi import Response
 from pydantic import BaseModel
 
 
-def json_response(model: BaseModel, *, status_code: int = 200) -> Response:
-    return Response(model.model_dump_json().encode(), status_code=status_code, media_type="application/json")
+def json_response(model: BaseModel) -> Response:
+    return Response(model.model_dump_json().encode(), media_type="application/json")

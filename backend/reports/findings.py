@@ -11,9 +11,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from detlab.backend.models import Finding, FindingCell, HistoryChange, Job, RankEnv, Run
+from detlab.backend.models import Finding, FindingCell, HistoryVersion, Job, RankEnv, Run
 from detlab.backend.schemas import JobRead
 from detlab.core.train import cost_text
 
@@ -184,9 +186,17 @@ def store(*, session: Session, rows: list[dict[str, Any]], cells: list[dict[str,
         session.execute(delete(FindingCell).where(FindingCell.source == source))
     session.add_all(Finding(**r) for r in rows)
     session.add_all(FindingCell(**c) for c in cells)
-    session.add(HistoryChange())  # what the matrix's readers check (reports.matrix.version)
     session.flush()
+    _count_version(session)
     return len(rows)
+
+
+def _count_version(session: Session) -> None:
+    """history_version's row counted up (created the first time): what the matrix's readers check."""
+    dialect = session.get_bind().dialect.name
+    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+    session.execute(insert(HistoryVersion).values(id=1, version=1).on_conflict_do_update(
+        index_elements=[HistoryVersion.id], set_={"version": HistoryVersion.version + 1}))
 
 
 def job_facts(*, session: Session, job: Job) -> dict[int, dict[str, Any]]:

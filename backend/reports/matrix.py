@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Float, and_, case, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from detlab.backend.models import FindingCell, HistoryChange
+from detlab.backend.models import FindingCell, HistoryVersion
 from detlab.backend.reports.findings import cost_of
 
 TREND_BUCKETS = 6
@@ -63,9 +63,8 @@ _options: dict[tuple[str, int | None], list[dict[str, str]]] = {}
 
 
 def version(*, session: Session) -> tuple[str, int | None]:
-    """What changes whenever the history does: findings.store logs every change (history_changes), so
-    the latest change's id, one index lookup, says whether a matrix built before still holds."""
-    return str(session.get_bind().engine.url), session.scalar(select(func.max(HistoryChange.id)))
+    """What changes whenever the history does (findings.store counts history_version up): one lookup."""
+    return str(session.get_bind().engine.url), session.scalar(select(HistoryVersion.version))
 
 
 def options(*, session: Session, at: tuple[str, int | None]) -> list[dict[str, str]]:
