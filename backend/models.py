@@ -357,6 +357,19 @@ class FindingCell(Base):
     busbw_gbps: Mapped[float | None] = mapped_column(Float)  # collective: at the largest size
 
 
+class HistoryVersion(Base):
+    """The team history's version: one row, counted up by every change to it (reports.findings.store: a
+    settled job's or an imported file's measurements replaced, or only removed), in the changing transaction.
+    A reader tells from it in one lookup whether what it built from the history still holds (counting the
+    history's rows to notice a removal took a scan); concurrent changes queue on the row, so a version seen
+    covers every change committed before it."""
+
+    __tablename__ = "history_version"
+
+    id: Mapped[int] = mapped_column(primary_key=True)  # always 1
+    version: Mapped[int] = mapped_column(BigInteger)
+
+
 class User(Base):
     """A person of auth mode `local`: a role (viewer, member, admin) and an argon2 password hash."""
 

@@ -13,6 +13,7 @@ import mimetypes
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from fastapi import HTTPException, Request
 from fastapi.responses import Response
@@ -57,7 +58,21 @@ def asset(path: Path, body: bytes | None = None) -> Asset:
     return cached
 
 
-def respond(request: Request, item: Asset, *, cache_control: str) -> Response:
+class Stored(Protocol):
+    """Bytes served as they are, with their gzipped copy and ETag computed once: a file (Asset) or a
+    finished job's response (services.cache.Cached)."""
+
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def gzipped(self) -> bytes: ...
+    @property
+    def etag(self) -> str: ...
+    @property
+    def media_type(self) -> str: ...
+
+
+def respond(request: Request, item: Stored, *, cache_control: str) -> Response:
     """200 with the body (gzipped when the client takes it) or 304 when the client's copy is current."""
     headers = {"ETag": item.etag, "Cache-Control": cache_control, "Vary": "Accept-Encoding"}
     if item.etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:

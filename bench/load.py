@@ -250,7 +250,7 @@ def read_path(kind: str, job_id: int, turn: int) -> str:
     figure = ("comparison/figure", "throughput/figure")[turn % 2]
     return {"list": "/api/v1/jobs?limit=20", "job": f"/api/v1/jobs/{job_id}",
             "comparison": f"/api/v1/jobs/{job_id}/comparison", "figures": f"/api/v1/jobs/{job_id}/{figure}",
-            "findings": "/api/v1/findings"}[kind]
+            "findings": "/api/v1/findings/matrix"}[kind]
 
 
 def reader(url: str, job_id: int, until: float, tally: Tally, seed: int) -> None:

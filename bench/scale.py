@@ -374,8 +374,10 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             cold += times
         out["findings_ms_p95_uncached"] = ms(p95(cold))
         out["findings_ms_median_uncached"] = ms(statistics.median(cold))
-        times, resp = timed(client, "/api/v1/findings", 3)
-        out["findings_groups_ms"] = ms(statistics.median(times))
+        resp = client.get("/api/v1/findings/matrix", params={"kind": "train"})
+        out["findings_revalidated_status"] = client.get(
+            "/api/v1/findings/matrix", params={"kind": "train"},
+            headers={"If-None-Match": resp.headers.get("etag", "")}).status_code
 
         jobs_times: list[float] = []
         for i in range(args.jobs_requests):

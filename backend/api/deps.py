@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import Depends, Header, HTTPException, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session
 
 from detlab.backend.db import get_session
@@ -72,30 +73,34 @@ def _proxy_identity(request: Request, settings: Settings) -> Identity | None:
 PROXY_SCOPES = auth.IMPLIED["submit"]
 
 
-def identity(request: Request, settings: SettingsDep, session: SessionDep) -> Identity | None:
+# The dependencies below that touch no database are coroutines: a plain function would run in the thread
+# pool, a hand-off there and back on every request (with 20 readers, most of a cached read's time).
+
+
+async def identity(request: Request, settings: SettingsDep, session: SessionDep) -> Identity | None:
     """Who sent the request (None in auth mode none, or when nothing identifies it): the proxy's header,
-    or (local) a bearer token, else the browser's session cookie."""
+    or (local) a bearer token, else the browser's session cookie (both looked up in the thread pool)."""
     if settings.auth_mode == "proxy":
         return _proxy_identity(request, settings)
     if settings.auth_mode == "local":
         if token := bearer(request):
-            found = auth.token_identity(session=session, token=token)
+            found = await run_in_threadpool(auth.token_identity, session=session, token=token)
             if found is None:
                 raise HTTPException(401, "unknown API token; create one with `detlab token create`",
                                     headers={"WWW-Authenticate": "Bearer"})
             return found
         if cookie := request.cookies.get(SESSION_COOKIE):
-            return auth.session_identity(session=session, cookie=cookie)
+            return await run_in_threadpool(auth.session_identity, session=session, cookie=cookie)
     return None
 
 
 IdentityDep = Annotated[Identity | None, Depends(identity)]
 
 
-def require(scope: auth.Scope) -> Callable[..., Identity | None]:
+def require(scope: auth.Scope) -> Callable[..., Awaitable[Identity | None]]:
     """A dependency: outside auth mode none, a 401 without an identity and a 403 without `scope`."""
 
-    def check(found: IdentityDep, settings: SettingsDep) -> Identity | None:
+    async def check(found: IdentityDep, settings: SettingsDep) -> Identity | None:
         if settings.auth_mode == "none":
             return None
         if found is None:
@@ -114,7 +119,7 @@ Reading = Depends(require("read"))
 Submitting = require("submit")
 
 
-def current_user(found: Annotated[Identity | None, Depends(Submitting)]) -> str | None:
+async def current_user(found: Annotated[Identity | None, Depends(Submitting)]) -> str | None:
     """The submitting user (None without auth); submitting and cancelling need scope `submit`."""
     return found.name if found else None
 
@@ -122,7 +127,7 @@ def current_user(found: Annotated[Identity | None, Depends(Submitting)]) -> str 
 CurrentUser = Annotated[str | None, Depends(current_user)]
 
 
-def page_access(request: Request, found: IdentityDep, settings: SettingsDep) -> None:
+async def page_access(request: Request, found: IdentityDep, settings: SettingsDep) -> None:
     """Pages hold no data (their API calls need the identity), but in auth mode local a browser that is not
     logged in is sent to the login page first, and back after."""
     if settings.auth_mode == "local" and found is None:

@@ -1,40 +1,20 @@
-"""The team's history: collective cells by hardware and library, the config × stack matrix with its
-filters, and one cell's measurements linked to their jobs."""
+"""The team's history: the config × stack matrix with its filters (collective cells by op and dtype, train
+configs by workload), and one cell's measurements linked to their jobs."""
 
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from pydantic import BaseModel
 
+from detlab.backend import static
 from detlab.backend.api.deps import SessionDep
-from detlab.backend.reports import findings, matrix
+from detlab.backend.reports import matrix
+from detlab.backend.services import cache
 
 router = APIRouter(prefix="/api/v1/findings", tags=["findings"])
-
-
-class FindingGroup(BaseModel):
-    """One hardware × library × config × op × dtype: sizes reproducible and busbw at the largest size."""
-
-    hardware: str
-    library: str
-    config: str
-    op: str
-    dtype: str
-    env: dict[str, Any]
-    sources: list[str]
-    sizes: int
-    reproducible: int
-    cells: int
-    min_runs: int
-    largest_bytes: int
-    busbw_gbps_at_largest: float | None
-
-
-class FindingsRead(BaseModel):
-    groups: list[FindingGroup]
 
 
 class Cost(BaseModel):
@@ -137,24 +117,26 @@ def _scope(kind: str | None, workload: str | None, op: str | None, dtype: str | 
     return matrix.Scope(kind=kind, workload=workload, op=op, dtype=dtype, since=start, until=end)
 
 
-@router.get("", response_model=FindingsRead)
-def read_findings(session: SessionDep) -> FindingsRead:
-    """Collective measurements per hardware, library, config, op and dtype: the sizes that were
-    reproducible and the bus bandwidth at the largest size."""
-    return FindingsRead.model_validate({"groups": findings.summary(session=session)})
-
-
 @router.get("/matrix", response_model=MatrixRead)
-def read_matrix(session: SessionDep, kind: Text = None, workload: Text = None, op: Text = None, dtype: Text = None,
-                since: Day = None, until: Day = None) -> dict[str, Any]:
+def read_matrix(session: SessionDep, request: Request, kind: Text = None, workload: Text = None, op: Text = None,
+                dtype: Text = None, since: Day = None, until: Day = None) -> Response:
     """Config × stack (GPU, driver, CUDA/ROCm, torch, NCCL/RCCL) over every finished job and imported
     file in scope: reproducibility k/n, cost with its interval, first divergence, trend, latest job.
-    Without a kind, the scope is the first thing measured (train workloads first), as `scope` says."""
-    scope = matrix.default_scope(session=session, scope=_scope(kind, workload, op, dtype, since, until))
-    body = matrix.cached_matrix(session=session, scope=scope)
-    return {**body, "options": matrix.options(session=session),
-            "scope": {"kind": scope.kind, "workload": scope.workload, "op": scope.op, "dtype": scope.dtype,
-                      "since": since and since.isoformat(), "until": until and until.isoformat()}}
+    Without a kind, the scope is the first thing measured (train workloads first), as `scope` says.
+
+    Built once per scope until the history changes (many readers of a team's page ask for the same few
+    scopes between two finished jobs), then served as stored bytes, revalidated by ETag."""
+    at = matrix.version(session=session)
+    scope = matrix.default_scope(session=session, scope=_scope(kind, workload, op, dtype, since, until), at=at)
+
+    def build() -> bytes:
+        body = {**matrix.matrix(session=session, scope=scope), "options": matrix.options(session=session, at=at),
+                "scope": {"kind": scope.kind, "workload": scope.workload, "op": scope.op, "dtype": scope.dtype,
+                          "since": since and since.isoformat(), "until": until and until.isoformat()}}
+        return MatrixRead.model_validate(body).model_dump_json().encode()
+
+    item = cache.get_or_build(("findings matrix", at, scope), build)
+    return static.respond(request, item, cache_control=static.REVALIDATE)
 
 
 @router.get("/history", response_model=HistoryRead)

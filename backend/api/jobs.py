@@ -11,7 +11,9 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from detlab.backend import static
 from detlab.backend.api.deps import CurrentUser, JobId, RankPath, RunId, SessionDep, SettingsDep
+from detlab.backend.api.responses import json_response
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import drift as drift_figures
 from detlab.backend.figures import train as train_figures
@@ -102,11 +104,11 @@ def _first_job(session: SessionDep, key: str, digest: str) -> Job | None:
 
 
 @router.get("", response_model=JobsPage)
-def list_jobs(session: SessionDep, query: Annotated[JobsQuery, Query()]) -> JobsPage:
+def list_jobs(session: SessionDep, query: Annotated[JobsQuery, Query()]) -> Response:
     """Jobs matching the filters, sorted (newest first by default), a page at a time, with the total."""
     items, total = job_list.list_jobs(session=session, query=query)
-    return JobsPage(items=[JobSummary.model_validate(item) for item in items], total=total,
-                    limit=query.limit, offset=query.offset)
+    return json_response(JobsPage(items=[JobSummary.model_validate(item) for item in items], total=total,
+                                  limit=query.limit, offset=query.offset))
 
 
 def _job_or_404(session: SessionDep, job_id: int) -> Job:
@@ -124,8 +126,9 @@ def _read(session: SessionDep, settings: SettingsDep, job: Job) -> JobRead:
 
 
 @router.get("/{job_id}", response_model=JobRead)
-def read_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobRead:
-    return _read(session, settings, _job_or_404(session, job_id))
+def read_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> Response:
+    """The job, its configs and runs, progress and live workers: what its page polls."""
+    return json_response(_read(session, settings, _job_or_404(session, job_id)))
 
 
 @router.patch("/{job_id}", response_model=JobRead)
@@ -234,13 +237,7 @@ def _cached(request: Request, session: SessionDep, job_id: int, what: Hashable, 
     """A JSON response of a job's result: a finished job's is built once per process (services.cache), sent
     gzipped when the client takes it, and revalidated by ETag (304 without the body)."""
     key = cache.finished_key(session=session, job_id=job_id)
-    item = cache.get_or_build(key and (key, what), build)
-    headers = {"ETag": item.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
-    if item.etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
-        return Response(status_code=304, headers=headers)
-    if "gzip" in request.headers.get("accept-encoding", ""):
-        return Response(item.gzipped, media_type="application/json", headers={**headers, "Content-Encoding": "gzip"})
-    return Response(item.body, media_type="application/json", headers=headers)
+    return static.respond(request, cache.get_or_build(key and (key, what), build), cache_control=static.REVALIDATE)
 
 
 # A single-config comparison has no two-run keys: absent, as the report leaves them, not null.

@@ -11,10 +11,12 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from detlab.backend.models import Finding, FindingCell, Job, RankEnv, Run
+from detlab.backend.models import Finding, FindingCell, HistoryVersion, Job, RankEnv, Run
 from detlab.backend.schemas import JobRead
 from detlab.core.diagnosis import DIAGNOSIS_KINDS
 from detlab.core.train import cost_text
@@ -222,7 +224,16 @@ def store(*, session: Session, rows: list[dict[str, Any]], cells: list[dict[str,
     session.add_all(Finding(**r) for r in rows)
     session.add_all(FindingCell(**c) for c in cells)
     session.flush()
+    _count_version(session)
     return len(rows)
+
+
+def _count_version(session: Session) -> None:
+    """history_version's row counted up (created the first time): what the matrix's readers check."""
+    dialect = session.get_bind().dialect.name
+    insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+    session.execute(insert(HistoryVersion).values(id=1, version=1).on_conflict_do_update(
+        index_elements=[HistoryVersion.id], set_={"version": HistoryVersion.version + 1}))
 
 
 def job_facts(*, session: Session, job: Job) -> dict[int, dict[str, Any]]:
@@ -262,36 +273,6 @@ def record_job(*, session: Session, job: Job, result: dict[str, Any]) -> None:
 
 
 # ---- reading -----------------------------------------------------------------------------------
-
-
-def summary(*, session: Session) -> list[dict[str, Any]]:
-    """Per (hardware, library, config, op, dtype) of collective measurements: sizes reproducible, the
-    fewest fresh processes and the bus bandwidth at the largest size, aggregated in SQL."""
-    c = FindingCell
-    key = (c.hardware, c.library, c.config, c.op, c.dtype)
-    groups = (select(*key, func.sum(c.identical).label("identical"), func.sum(c.comparable).label("cells"),
-                     func.max(c.comparable).label("sizes"), func.min(c.runs).label("min_runs"),
-                     func.max(c.largest_bytes).label("largest"), func.min(c.id).label("first"),
-                     func.aggregate_strings(c.source, "\n").label("sources"))
-              .where(c.kind == "collective").group_by(*key)).subquery()
-    # The bandwidth at the group's largest size: the best of the members measured at that size.
-    at_largest = (select(*key, func.max(c.busbw_gbps).label("busbw")).join(
-        groups, (c.hardware == groups.c.hardware) & (c.library == groups.c.library) & (c.config == groups.c.config)
-        & (c.op == groups.c.op) & (c.dtype == groups.c.dtype) & (c.largest_bytes == groups.c.largest))
-        .where(c.kind == "collective").group_by(*key)).subquery()
-    rows = session.execute(select(groups, at_largest.c.busbw).outerjoin(at_largest, (
-        groups.c.hardware == at_largest.c.hardware) & (groups.c.library == at_largest.c.library)
-        & (groups.c.config == at_largest.c.config) & (groups.c.op == at_largest.c.op)
-        & (groups.c.dtype == at_largest.c.dtype)).order_by(
-        groups.c.hardware, groups.c.library, groups.c.config, groups.c.op, groups.c.dtype)).mappings().all()
-    firsts = [r["first"] for r in rows]
-    env: dict[int, dict[str, Any]] = dict(session.execute(  # type: ignore[arg-type]
-        select(c.id, c.config_env).where(c.id.in_(firsts))).all())
-    return [{"hardware": r["hardware"], "library": r["library"], "config": r["config"], "op": r["op"],
-             "dtype": r["dtype"], "env": env.get(r["first"], {}), "sources": sorted(set(r["sources"].split("\n"))),
-             "sizes": r["sizes"], "reproducible": int(r["identical"]), "cells": int(r["cells"]),
-             "min_runs": r["min_runs"], "largest_bytes": r["largest"], "busbw_gbps_at_largest": r["busbw"]}
-            for r in rows]
 
 
 def cost_of(cost: float | None, lo: float | None, hi: float | None) -> dict[str, Any]:

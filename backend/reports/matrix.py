@@ -4,8 +4,6 @@ cell's history, measurement by measurement, each linked to its job."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,7 +11,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Float, and_, case, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from detlab.backend.models import FindingCell
+from detlab.backend.models import FindingCell, HistoryVersion
 from detlab.backend.reports.findings import cost_of
 
 TREND_BUCKETS = 6
@@ -61,57 +59,34 @@ def _rate(identical: int, comparable: int) -> float | None:
     return identical / comparable if comparable else None
 
 
-_options: dict[tuple[str, int | None, int], list[dict[str, str]]] = {}
-_matrices: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
-_lock = threading.Lock()
-CACHED_MATRICES = 64
+_options: dict[tuple[str, int | None], list[dict[str, str]]] = {}
 
 
-def version(*, session: Session) -> tuple[str, int | None, int]:
-    """What changes whenever the history does: every store inserts rows with new ids, and a source only
-    deleted lowers the count. Two index lookups."""
-    c = FindingCell
-    top, count = session.execute(select(func.max(c.id), func.count(c.id))).one()
-    return str(session.get_bind().engine.url), top, count
+def version(*, session: Session) -> tuple[str, int | None]:
+    """What changes whenever the history does (findings.store counts history_version up): one lookup."""
+    return str(session.get_bind().engine.url), session.scalar(select(HistoryVersion.version))
 
 
-def cached_matrix(*, session: Session, scope: Scope) -> dict[str, Any]:
-    """matrix(), kept per scope (in this process, the least recently used dropped) until the history changes:
-    many readers of a team's page ask for the same few scopes between two finished jobs."""
-    key = (version(session=session), scope)
-    with _lock:
-        if key in _matrices:
-            _matrices.move_to_end(key)
-            return _matrices[key]
-    body = matrix(session=session, scope=scope)
-    with _lock:
-        _matrices[key] = body
-        while len(_matrices) > CACHED_MATRICES:
-            _matrices.popitem(last=False)
-    return body
-
-
-def options(*, session: Session) -> list[dict[str, str]]:
+def options(*, session: Session, at: tuple[str, int | None]) -> list[dict[str, str]]:
     """The (kind, workload, op, dtype) combinations measured, for the page's filter: train first.
 
-    A scan of the whole history, so kept per database until the history changes (see version())."""
+    A scan of the whole history, so kept per database until the history changes (`at`: its version())."""
     c = FindingCell
-    key = version(session=session)
-    if key not in _options:
+    if at not in _options:
         rows = session.execute(select(c.kind, c.workload, c.op, c.dtype).distinct()
                                .order_by(c.kind.desc(), c.workload, c.op, c.dtype)).all()
         if len(_options) > 16:
             _options.clear()
-        _options[key] = [{"kind": k, "workload": w, "op": o, "dtype": d} for k, w, o, d in rows]
-    return _options[key]
+        _options[at] = [{"kind": k, "workload": w, "op": o, "dtype": d} for k, w, o, d in rows]
+    return _options[at]
 
 
-def default_scope(*, session: Session, scope: Scope) -> Scope:
+def default_scope(*, session: Session, scope: Scope, at: tuple[str, int | None]) -> Scope:
     """The scope itself, or, when it names no kind, that of the first thing measured: a matrix is of one
     kind of measurement (repeats of a train workload, or sizes of a collective op and dtype), never a mix."""
     if scope.kind is not None:
         return scope
-    first = next(iter(options(session=session)), None)
+    first = next(iter(options(session=session, at=at)), None)
     if first is None:
         return scope
     return Scope(kind=first["kind"], workload=first["workload"],

@@ -1,9 +1,11 @@
-"""Responses built from a finished job's stored result, kept in memory (per process, least recently used
-dropped first) with their gzipped bytes and ETag: a stored result does not change, and a figure of it
-takes plotly ~0.2 s to build.
+"""Responses built from what does not change once stored, kept in memory (per process, least recently used
+dropped first) with their gzipped bytes and ETag: a finished job's stored result (a figure of it takes plotly
+~0.2 s to build) and the findings matrix until the history changes (reports.matrix.version).
 
-The key carries the job's status, finish time and stored result's size, so a job that is settled again
-(reopened by a re-dispatched run, then finished with a new result) is never answered from the old one."""
+A job's key carries its status and finish time: a job that is settled again (reopened by a re-dispatched
+run, then finished with a new result) finishes at a new time (services.jobs.roll_up clears it on reopening),
+so it is never answered from the old result. The result itself is not read: a comparison's is hundreds of kB
+that PostgreSQL would decompress on every request only to measure it."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from sqlalchemy import Text, cast, func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import FINISHED, Job
@@ -27,11 +29,12 @@ _entries: OrderedDict[Hashable, Cached] = OrderedDict()
 
 @dataclass(frozen=True)
 class Cached:
-    """A response body, gzipped once, and its ETag (the bytes' hash)."""
+    """A JSON response body, gzipped once, and its ETag (the bytes' hash)."""
 
     body: bytes
     gzipped: bytes
     etag: str
+    media_type: str = "application/json"
 
     @classmethod
     def of(cls, body: bytes) -> Cached:
@@ -40,12 +43,12 @@ class Cached:
 
 def finished_key(*, session: Session, job_id: int) -> Hashable | None:
     """What identifies a finished job's stored result; None while it runs (or has no stored result yet)."""
-    row = session.execute(select(Job.status, Job.finished_at, func.length(cast(Job.result, Text)))
+    row = session.execute(select(Job.status, Job.finished_at, Job.result.is_not(None))
                           .where(Job.id == job_id)).first()
-    if row is None or row[0] not in FINISHED or row[2] is None:
+    if row is None or row[0] not in FINISHED or not row[2] or row[1] is None:
         return None
     # The database's URL too: one process may serve (or test) several databases with the same job ids.
-    return (str(session.get_bind().engine.url), job_id, row[0], row[1], row[2])
+    return (str(session.get_bind().engine.url), job_id, row[0], row[1])
 
 
 def get_or_build(key: Hashable | None, build: Callable[[], bytes]) -> Cached:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import delete, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, defer, selectinload
 
 from detlab.backend.models import (
     CANCELLED,
@@ -237,14 +237,18 @@ def roll_up(*, session: Session, job: Job) -> None:
         job.status = SUCCEEDED if all(s == SUCCEEDED for s in statuses) else \
             CANCELLED if CANCELLED in statuses else FAILED
         job.finished_at = job.finished_at or utcnow()
-    elif any(s != QUEUED for s in statuses):
-        job.status = RUNNING
-    else:
-        job.status = QUEUED
+        return
+    # Reopened (a run re-dispatched) or not started: not finished. Its next finish is a new time, which
+    # tells the new result from the old one (services.cache.finished_key).
+    job.finished_at = None
+    job.status = RUNNING if any(s != QUEUED for s in statuses) else QUEUED
 
 
 def load_job(*, session: Session, job_id: int) -> Job | None:
-    return session.scalars(select(Job).where(Job.id == job_id).options(selectinload(Job.runs))).first()
+    """The job with its runs. Its stored result (hundreds of kB of JSON for a long comparison) is loaded
+    when first read: most reads of a job (its page polling GET /jobs/N, a cached figure) never touch it."""
+    return session.scalars(select(Job).where(Job.id == job_id)
+                           .options(selectinload(Job.runs), defer(Job.result))).first()
 
 
 def set_tags(*, session: Session, job: Job, tags: list[str]) -> None:

@@ -4,13 +4,17 @@ the rows on demand, and a finished job's responses are cached, gzipped and reval
 from __future__ import annotations
 
 import gzip
+import hashlib
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from detlab.backend.models import RUNNING, SUCCEEDED, StepRecord
 from detlab.backend.reports import train as train_report
+from detlab.backend.services.settle import settle
 from detlab.core import steps
 from detlab.core.settings import Settings
 from tests.backend.test_findings_matrix import train_job
@@ -102,3 +106,22 @@ def test_a_finished_jobs_comparison_is_gzipped_and_revalidated_by_etag(client: T
     plain = client.get(url, headers={"Accept-Encoding": "identity"})
     assert "content-encoding" not in plain.headers and plain.json() == first.json()
     assert gzip.decompress(gzip.compress(plain.content)) == plain.content
+
+
+def test_a_job_finished_again_is_not_answered_from_its_first_result(client: TestClient, session: Session,
+                                                                     settings: Settings) -> None:
+    job = train_job(session, settings, parted={(1, 0): 150}, steps=STEPS)
+    url = f"/api/v1/jobs/{job.id}/comparison"
+    assert client.get(url).json()["verdict"] == "diverged"  # and cached
+    [run] = [r for r in job.runs if (r.config_index, r.repeat) == (1, 0)]
+    run.status = RUNNING  # re-dispatched: the job reopens
+    settle(session=session, job=job)
+    session.commit()
+    assert (job.status, job.finished_at, job.result) == (RUNNING, None, None)
+    same = bytes(32)  # recorded again, this time equal to config A's
+    session.execute(update(StepRecord).where(StepRecord.run_id == run.id).values(
+        digests=same, model_digest=f"fp1:{hashlib.md5(same).hexdigest()}"))
+    run.status = SUCCEEDED
+    settle(session=session, job=job)
+    session.commit()
+    assert client.get(url).json()["verdict"] == "identical"

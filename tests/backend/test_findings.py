@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import SUCCEEDED, CollectiveTrial, Finding
 from detlab.backend.reports import collective as collective_report
-from detlab.backend.reports.findings import rows_from_result, store, summary
+from detlab.backend.reports import matrix
+from detlab.backend.reports.findings import rows_from_result, store
 from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import create_job
 from detlab.backend.services.settle import settle
@@ -38,13 +39,16 @@ def test_rows_carry_hardware_library_and_config() -> None:
                                            "algo-Tree.proto-Simple"}
 
 
-def test_summary_puts_bandwidth_beside_the_verdict(session: Session) -> None:
+def test_the_matrix_puts_bandwidth_beside_the_verdict(session: Session) -> None:
     data = result_file("sweep-4xH200.json")
     store(session=session, rows=rows_from_result("f", data["job"], data["result"]))
-    groups = {(g["config"], g["dtype"]): g for g in summary(session=session)}
-    ring = groups[("algo-Ring.proto-Simple", "float32")]
-    assert (ring["reproducible"], ring["cells"], ring["min_runs"]) == (5, 5, 2)
-    assert ring["largest_bytes"] == 1 << 28 and 250 < ring["busbw_gbps_at_largest"] < 400
+    scope = matrix.Scope(kind="collective", op="all_reduce_sum", dtype="float32")
+    [ring] = [c for c in matrix.matrix(session=session, scope=scope)["cells"]
+              if c["config"] == "algo-Ring.proto-Simple"]
+    assert (ring["identical"], ring["comparable"]) == (5, 5)
+    assert 250 < ring["busbw_gbps"] < 400
+    [measured] = matrix.history(session=session, scope=scope, config=ring["config"], stack=ring["stack"])
+    assert (measured["runs"], measured["largest_bytes"]) == (2, 1 << 28)
 
 
 def test_storing_a_source_again_replaces_its_rows(session: Session) -> None:
@@ -52,7 +56,7 @@ def test_storing_a_source_again_replaces_its_rows(session: Session) -> None:
     rows = rows_from_result("same", data["job"], data["result"])
     store(session=session, rows=rows)
     store(session=session, rows=rows)
-    assert sum(g["cells"] for g in summary(session=session)) == len(rows)
+    assert session.scalar(select(func.count()).select_from(Finding)) == len(rows)
 
 
 def test_import_results_command_fills_the_database(tmp_path: Path, pg_url: str) -> None:

@@ -180,3 +180,21 @@ def test_the_matrix_shows_a_job_finished_after_it_was_read(client: TestClient, s
     rate = {c["config"]: (c["identical"], c["comparable"]) for c in after["cells"]}
     assert {c["config"]: c["measurements"] for c in before["cells"]}["default"] == 1
     assert rate["default"] == (1, 2)
+
+
+def test_the_matrix_is_revalidated_by_etag(client: TestClient, session: Session, settings: Settings) -> None:
+    train_job(session, settings)
+    first = client.get("/api/v1/findings/matrix", params={"kind": "train"})
+    assert first.headers["cache-control"] == "no-cache"
+    again = client.get("/api/v1/findings/matrix", params={"kind": "train"},
+                       headers={"If-None-Match": first.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
+
+
+def test_a_source_whose_measurements_are_removed_leaves_the_matrix(client: TestClient, session: Session,
+                                                                   settings: Settings) -> None:
+    job = train_job(session, settings)
+    assert client.get("/api/v1/findings/matrix", params={"kind": "train"}).json()["cells"]
+    store(session=session, rows=[], cells=[], sources={f"job {job.id}"})  # removed, nothing added
+    session.commit()
+    assert client.get("/api/v1/findings/matrix", params={"kind": "train"}).json()["cells"] == []

@@ -111,10 +111,13 @@ def test_collective_job_reports_reproducibility_bandwidth_and_cross_config_equal
     assert any(by_key[("all_reduce_sum", b)][0][1] is False for b in (4096, 16384, 65536))  # 2 vs 4 ranks
     export = result["export"]["configs"][0]
     assert export["results"][0]["size"] == 4096 and "bus_bw" in export["results"][0]["in_place"]
-    groups = httpx.get(f"{distributed.url}/api/v1/findings", timeout=30).json()["groups"]
-    mine = [g for g in groups if g["sources"] == [f"job {job['id']}"]]
-    assert {(g["config"], g["op"], g["library"]) for g in mine} == {
-        (c, op, "gloo") for c in ("w2", "w4") for op in ("all_reduce_sum", "broadcast")}
+    recorded = set()
+    for op in ("all_reduce_sum", "broadcast"):
+        scope = {"kind": "collective", "op": op, "dtype": "float32"}
+        cells = httpx.get(f"{distributed.url}/api/v1/findings/matrix", params=scope, timeout=30).json()["cells"]
+        recorded |= {(c["config"], op, c["stack"].rsplit(" · ", 1)[-1]) for c in cells
+                     if c["latest_job_id"] == job["id"]}
+    assert recorded == {(c, op, "gloo") for c in ("w2", "w4") for op in ("all_reduce_sum", "broadcast")}
 
 
 def test_sweep_job_runs_one_config_per_cell(distributed: Stack) -> None:
