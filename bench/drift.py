@@ -111,14 +111,19 @@ def training(args: argparse.Namespace, device: torch.device, out: Path) -> dict[
 
 
 def passes(model_params: list[torch.Tensor], device: torch.device, repeats: int) -> dict[str, Any]:
-    """The sketch pass and the fingerprint alone on the same parameters, and what they read."""
+    """The sketch pass (and, on a GPU, the torch pass it replaces there) and the fingerprint alone on the same
+    parameters, and what they read."""
     clock, sketcher = Clock(device), Sketcher()
+    indices = list(range(len(model_params)))
+    torch_pass = lambda: sketcher._compute(model_params, indices, device)  # noqa: E731
     for _ in range(2):
         sketcher.submit(model_params)()
+        torch_pass()
         fp.fingerprint_many(model_params)
     sk = [clock.time(lambda: sketcher.submit(model_params)) for _ in range(repeats)]
+    tp = [clock.time(torch_pass) for _ in range(repeats)]
     fps = [clock.time(lambda: fp.fingerprint_many(model_params)) for _ in range(repeats)]
-    return {"sketch": summary(sk), "fingerprint": summary(fps),
+    return {"sketch": summary(sk), "sketch_torch_pass": summary(tp), "fingerprint": summary(fps),
             "bytes": sum(p.nbytes for p in model_params), "fingerprint_impl": fp.implementation_name(device)}
 
 
@@ -152,7 +157,8 @@ def main() -> None:
     print("device", torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch", torch.__version__,
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        result: dict[str, Any] = {"device": device.type, "model": vars(args), "sketch": {"version": sketch.VERSION,
+        model = {k: v for k, v in vars(args).items() if k != "json"}
+        result: dict[str, Any] = {"device": device.type, "model": model, "sketch": {"version": sketch.VERSION,
                                   "k": sketch.K, "bytes_per_tensor": sketch.STAT_BYTES + sketch.SKETCH_BYTES}}
         params = [p.detach() for p in gpt2(args.layers, args.embd, args.heads, device).parameters()]
         result["params"], result["tensors"] = sum(p.numel() for p in params), len(params)

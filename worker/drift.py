@@ -14,8 +14,10 @@ results to pinned host memory, and returns a function that waits for that copy a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -118,6 +120,15 @@ def compute(plan: _Plan, tensors: Sequence[torch.Tensor], device: torch.device) 
     return out
 
 
+@functools.cache
+def _triton() -> ModuleType | None:
+    try:
+        from detlab.worker import drift_triton
+    except ImportError:  # no Triton (a CPU build of torch): the torch pass
+        return None
+    return drift_triton
+
+
 class Sketcher:
     """Queues the stats and sketches of tensor lists; keeps the plan of each list's layout between calls."""
 
@@ -133,6 +144,18 @@ class Sketcher:
             plan = self._plans[key] = _plan(numels, indices, device)
         return plan
 
+    def _compute(self, group: list[torch.Tensor], idx: list[int], device: torch.device) -> torch.Tensor:
+        # Each tensor keeps its index in the whole list: the row map depends on it, not on the device.
+        plan = self._plan_for(device, [t.numel() * (2 if t.is_complex() else 1) for t in group], idx)
+        return compute(plan, group, device)
+
+    def _on_cuda(self, group: list[torch.Tensor], idx: list[int], device: torch.device) -> torch.Tensor:
+        """The Triton kernel where it reads every tensor in place (one read of each element), else the torch pass."""
+        kernel = _triton()
+        if kernel is not None and all(kernel.supported(t) for t in group):
+            return kernel.compute(group, idx, device)
+        return self._compute(group, idx, device)
+
     def submit(self, tensors: Sequence[torch.Tensor]) -> Callable[[], tuple[bytes, bytes] | None]:
         """Queue the work for `tensors` (read as they are now). The returned function gives (stats, sketch)
         packed as detlab.core.sketch packs them, or None where a value is not finite (a model that blew up:
@@ -144,19 +167,17 @@ class Sketcher:
             by_device.setdefault(t.device, []).append(i)
         parts: list[tuple[list[int], torch.Tensor, torch.cuda.Event | None]] = []
         for device, idx in by_device.items():
-            group = [tensors[i] for i in idx]
-            # Each tensor keeps its index in the whole list: the row map depends on it, not on the device.
-            plan = self._plan_for(device, [t.numel() * (2 if t.is_complex() else 1) for t in group], idx)
+            group = [tensors[i].detach() for i in idx]
             if device.type == "cuda":
                 with torch.cuda.device(device):
-                    values = compute(plan, group, device)
+                    values = self._on_cuda(group, idx, device)
                     host = torch.empty(values.shape, dtype=torch.float64, pin_memory=True)
                     host.copy_(values, non_blocking=True)
                     done = torch.cuda.Event()
                     done.record()
                 parts.append((idx, host, done))
             else:
-                parts.append((idx, compute(plan, group, device), None))
+                parts.append((idx, self._compute(group, idx, device), None))
 
         def read() -> tuple[bytes, bytes] | None:
             out = np.zeros((len(tensors), sketch.STATS + sketch.K))

@@ -49,3 +49,29 @@ def test_the_result_is_what_the_tensors_held_when_submitted() -> None:
     t.add_(1)  # on CPU the work ran at the call; on CUDA it is queued before the change in stream order
     found = read()
     assert found is not None and sketch.unpack_stats(found[0])[0, 0] == 10.0
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+
+
+@needs_cuda
+def test_the_triton_kernel_equals_the_reference_on_every_float_dtype() -> None:
+    g = torch.Generator().manual_seed(1)
+    ts = [torch.randn(3 * sketch.COLUMNS + 5, generator=g), torch.randn(7, 9, generator=g).to(torch.bfloat16),
+          torch.randn(sketch.COLUMNS, generator=g).half(), torch.randn(50, generator=g, dtype=torch.float64),
+          torch.zeros(0), torch.randn(1, generator=g)]
+    kernel = drift._triton()
+    assert kernel is not None and all(kernel.supported(t.cuda()) for t in ts)
+    found = drift.Sketcher().submit([t.cuda() for t in ts])()
+    assert found is not None
+    stats, sk = reference([t.float() if t.dtype == torch.float16 else t for t in ts])
+    np.testing.assert_allclose(sketch.unpack_stats(found[0]), stats, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(sketch.unpack_sketch(found[1]), sk, rtol=1e-12, atol=1e-12)
+
+
+@needs_cuda
+def test_tensors_the_kernel_cannot_read_in_place_take_the_torch_pass_on_the_gpu() -> None:
+    found = drift.Sketcher().submit([t.cuda() for t in tensors()])()
+    assert found is not None
+    stats, sk = reference(tensors())
+    np.testing.assert_allclose(sketch.unpack_sketch(found[1]), sk, rtol=1e-12, atol=1e-12)

@@ -2,8 +2,8 @@
 readers tell in one lookup whether a matrix they built still holds (a count of finding_cells scanned 100k+
 rows on every request)
 
-Revision ID: 0014
-Revises: 0009
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-01 21:00:00.000000
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0014'
-down_revision = '0009'
+revision = '0012'
+down_revision = '0011'
 branch_labels = None
 depends_on = None
 

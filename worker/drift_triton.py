@@ -1,0 +1,111 @@
+"""The stats and count sketch (detlab.core.sketch, `cs1`) of CUDA tensors in one Triton launch per dtype.
+
+worker/drift.py's torch pass copies every element into a float64 scratch matrix and reads it three times (about
+36 bytes of traffic per float32 element); this kernel reads each element once where it lies. One program takes
+one row of COLUMNS elements of one tensor, converts it to float64 and writes the row's K signed bucket sums
+(already rotated by the row's bucket, so they add up per tensor), its sum, sum of squares and max |x|. The
+rows are then added per tensor as the torch pass adds them. Same map, same float64 accumulation: the results
+equal the torch pass's and the numpy reference's up to float64 rounding (tests/worker/test_drift_gpu.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from detlab.core import sketch
+
+DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float64: tl.float64}
+ROW_VALUES = sketch.K + 3  # K buckets, sum, sum of squares, max |x|
+
+
+@triton.jit
+def _rows_kernel(row_addr, row_n, row_bucket, row_sign, col_bucket, col_sign, out,
+                 ELEM: tl.constexpr, K: tl.constexpr, COLUMNS: tl.constexpr):
+    r = tl.program_id(0)
+    base = tl.load(row_addr + r).to(tl.pointer_type(ELEM))
+    c = tl.arange(0, COLUMNS)
+    x = tl.load(base + c, mask=c < tl.load(row_n + r), other=0).to(tl.float64)
+    bucket = (tl.load(col_bucket + c) + tl.load(row_bucket + r)) % K
+    v = x * tl.load(col_sign + c) * tl.load(row_sign + r)
+    o = out + r * (K + 3)
+    for j in tl.static_range(K):
+        tl.store(o + j, tl.sum(tl.where(bucket == j, v, 0.0), axis=0))
+    tl.store(o + K, tl.sum(x, axis=0))
+    tl.store(o + K + 1, tl.sum(x * x, axis=0))
+    tl.store(o + K + 2, tl.max(tl.abs(x), axis=0))
+
+
+def supported(t: torch.Tensor) -> bool:
+    """Read in place by the kernel: a contiguous CUDA tensor of a floating dtype it loads."""
+    return t.is_cuda and t.dtype in DTYPES and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
+@functools.cache
+def _column_map(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    b1, s1 = sketch.column_map()
+    return (torch.from_numpy(b1.astype(np.int32)).to(device), torch.from_numpy(s1).to(device))
+
+
+@dataclass
+class _Group:
+    """One launch: the rows of a dtype's tensors (address, valid elements, row bucket and sign, owner)."""
+
+    elem: Any
+    table: list[torch.Tensor]
+
+
+_plans: dict[tuple[Any, ...], list[_Group]] = {}
+KEPT_PLANS = 8
+
+
+def _plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], device: torch.device) -> list[_Group]:
+    # Kept per list of (pointer, size, dtype): parameters keep their storage from step to step, and the row maps
+    # cost host time (a numpy hash per row) that a training loop should pay once.
+    key = (str(device), *((t.data_ptr(), t.numel(), t.dtype, i) for t, i in zip(tensors, indices, strict=True)))
+    if key in _plans:
+        return _plans[key]
+    groups = []
+    for dtype in dict.fromkeys(t.dtype for t in tensors):
+        parts: list[list[np.ndarray]] = [[], [], [], [], []]
+        for i, t in enumerate(tensors):
+            if t.dtype != dtype or not t.numel():
+                continue
+            n, rows = t.numel(), sketch.rows_of(t.numel())
+            first = np.arange(rows, dtype=np.int64) * sketch.COLUMNS
+            b2, s2 = sketch.row_map(indices[i], rows)
+            addrs, counts = t.data_ptr() + first * t.element_size(), np.minimum(n - first, sketch.COLUMNS)
+            for part, values in zip(parts, (addrs, counts, b2.astype(np.int32), s2, np.full(rows, i, dtype=np.int64)),
+                                    strict=True):
+                part.append(values)
+        if parts[0]:
+            groups.append(_Group(DTYPES[dtype], [torch.from_numpy(np.concatenate(p)).to(device) for p in parts]))
+    if len(_plans) >= KEPT_PLANS:
+        _plans.pop(next(iter(_plans)))
+    _plans[key] = groups
+    return groups
+
+
+def compute(tensors: Sequence[torch.Tensor], indices: Sequence[int], device: torch.device) -> torch.Tensor:
+    """[tensors, 3 + K] float64 on `device` (sum, L2 norm, max |x|, then the sketch), as drift.compute gives it;
+    `indices`: each tensor's index in the recorded list. Every tensor must be `supported`."""
+    out = torch.zeros((len(tensors), sketch.STATS + sketch.K), dtype=torch.float64, device=device)
+    columns = _column_map(device)
+    for group in _plan(tensors, indices, device):
+        addr, count, bucket, sign, owner = group.table
+        per_row = torch.empty((addr.numel(), ROW_VALUES), dtype=torch.float64, device=device)
+        _rows_kernel[(addr.numel(),)](addr, count, bucket, sign, *columns, per_row, ELEM=group.elem, K=sketch.K,
+                                      COLUMNS=sketch.COLUMNS, num_warps=8)
+        out[:, 0].index_add_(0, owner, per_row[:, sketch.K])
+        out[:, 1].index_add_(0, owner, per_row[:, sketch.K + 1])
+        out[:, 2].scatter_reduce_(0, owner, per_row[:, sketch.K + 2], reduce="amax")
+        out[:, sketch.STATS:].index_add_(0, owner, per_row[:, : sketch.K])
+    out[:, 1].sqrt_()
+    return out
