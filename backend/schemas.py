@@ -73,6 +73,8 @@ class JobCreate(RequestBody):
     repeats: int = Field(default=1, ge=1, le=INT32)
     fingerprint_interval: int = Field(default=1, ge=1, le=INT32)
     inject_bitflip: BitFlip | None = None
+    # train: fingerprint every collective call's input and output (DDP buckets, the workload's own calls)
+    record_collectives: bool = False
     collective: CollectiveParams | None = None
     sweep: SweepParams | None = None
     queue: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")

@@ -508,7 +508,7 @@ def verify_collective(ctx: typer.Context) -> None:
 
 # What `compare --json` prints of a verdict (per-step rows and loss curves stay out: they grow with the run).
 _COMPARE_KEYS = ("verdict", "reason", "mode", "first_divergent_step", "first_divergent_tensors", "ranks",
-                 "steps_differing", "steps_compared", "missing", "replica_disagreements")
+                 "steps_differing", "steps_compared", "missing", "replica_disagreements", "collectives")
 
 
 def _replica_text(rows: list[dict[str, Any]]) -> list[str]:
@@ -524,7 +524,9 @@ def _replica_text(rows: list[dict[str, Any]]) -> list[str]:
 def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list[str]:
     verdict = result["verdict"]
     if verdict == "incomparable":
-        return [f"incomparable: {result['reason']}", *_replica_text(result.get("replica_disagreements") or [])]
+        calls = result.get("collectives") or {}
+        return [f"incomparable: {result['reason']}", *([f"  {calls['text']}"] if calls.get("text") else []),
+                *_replica_text(result.get("replica_disagreements") or [])]
     if verdict == "identical":
         lines = [f"identical: {result['steps_compared']} steps x {world_size} rank(s) x {tensors} tensors equal"]
     elif verdict == "diverged":
@@ -538,6 +540,8 @@ def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list
     lines += [f"  missing: {m}" for m in result["missing"]]
     if result["reason"]:
         lines.append(f"  note: {result['reason']}")
+    if (calls := result.get("collectives")) and calls.get("text"):
+        lines.append(f"  {calls['text']}")
     return lines + _replica_text(result.get("replica_disagreements") or [])
 
 

@@ -26,6 +26,8 @@ def build(*, session: Session, run_a: Run, run_b: Run) -> dict[str, Any]:
     """The comparison of run A with run B, as a train job's page shows its pair (per-step series thinned)."""
     a, b = (train.load_run(session=session, run=r, workload=r.job.workload,
                            interval=int(r.job.params.get("fingerprint_interval", 1))) for r in (run_a, run_b))
+    train.load_calls(session=session, runs=[a, b])
+    b = compare.line_up(a, b)[0]  # ranks by logical position, where both runs recorded them
     differing = compare.differing_steps(a, b) if a.records and b.records else []
     detail = train.detail_steps(differing)
     train.load_detail(session=session, runs=[a, b], steps=detail)

@@ -149,7 +149,16 @@ def train(spec: RankSpec) -> None:
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     named = list(model.named_parameters())
-    spool.write(env_record(rank, device, backend))
+    tracer = None
+    if spec.record_collectives:  # every gradient bucket's allreduce, and any collective the workload calls
+        from detlab.sdk.collectives import CallTracer
+        from detlab.sdk.digests import Digester
+
+        tracer = CallTracer(Digester())
+        tracer.install()
+        tracer.hook_ddp(ddp)
+    # DDP replicates the whole model: a rank's logical position is its data-parallel index.
+    spool.write(env_record(rank, device, backend).model_copy(update={"position": {"dp": rank}}))
     if rank == 0:
         spool.write(TensorsRecord(tensors=[
             TensorInfo(index=i, name=n, shape=list(p.shape), dtype=str(p.dtype).removeprefix("torch."))
@@ -193,6 +202,12 @@ def train(spec: RankSpec) -> None:
             flip_bit(model, inject.tensor)
         if step in fingerprinted:
             record(step, loss, seconds)
+        if tracer is not None and (calls := tracer.take()) and step in fingerprinted:
+            from detlab.sdk.collectives import calls_record
+
+            spool.write(calls_record(step, rank, calls))
+    if tracer is not None:
+        tracer.uninstall()
     dist.barrier()
     dist.destroy_process_group()
 
