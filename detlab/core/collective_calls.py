@@ -23,7 +23,8 @@ ELEMENT_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64
 # The torch functions (and DDP's bucket hook) -> the NCCL collective that carries them.
 NCCL_OPS = {"all_reduce": "AllReduce", "ddp_allreduce": "AllReduce", "broadcast": "Broadcast",
             "all_gather_into_tensor": "AllGather", "all_gather": "AllGather",
-            "reduce_scatter_tensor": "ReduceScatter", "reduce_scatter": "ReduceScatter"}
+            "reduce_scatter_tensor": "ReduceScatter", "reduce_scatter": "ReduceScatter",
+            "all_gather_single": "AllGather", "reduce_scatter_single": "ReduceScatter"}
 GATHER_SCATTER = {"AllGather", "ReduceScatter"}
 
 

@@ -1,7 +1,8 @@
 """Fingerprints of every collective call a training loop makes: its input before the call, its output after.
 
 `CallTracer.install()` wraps the Python-level `torch.distributed` collectives (all_reduce, broadcast,
-all_gather_into_tensor, reduce_scatter_tensor, all_gather, reduce_scatter; `async_op=True` included: the output
+all_gather_into_tensor, reduce_scatter_tensor, all_gather, reduce_scatter, all_gather_single,
+reduce_scatter_single; `async_op=True` included: the output
 is read when the returned work is waited for) and `uninstall()` puts the originals back. DDP calls its process
 group from C++, so DDP models are watched through a communication hook (`hook_ddp`) that fingerprints each
 bucket's input and its allreduced output.
@@ -38,6 +39,9 @@ WRAPPED: dict[str, tuple[str, str]] = {
     "reduce_scatter_tensor": ("input", "output"),
     "all_gather": ("tensor", "tensor_list"),
     "reduce_scatter": ("input_list", "output"),
+    # torch 2.13's names for the *_tensor pair (those call these: one call is recorded, by the name called)
+    "all_gather_single": ("input_tensor", "output_tensor"),
+    "reduce_scatter_single": ("input", "output"),
 }
 DDP_OP = "ddp_allreduce"
 
@@ -103,7 +107,9 @@ class CallTracer:
         if self._originals:
             return
         for name in WRAPPED:
-            original = getattr(c10d, name)
+            original = getattr(c10d, name, None)
+            if original is None:  # an older torch
+                continue
             self._originals[name] = original
             wrapper = self._wrap(name, original)
             for module in (dist, c10d):
