@@ -289,6 +289,17 @@ class EnvFact(OpenModel):
     differs: bool
 
 
+class CollectiveCalls(OpenModel):
+    """The runs' collective calls compared (detlab.core.collective_calls): `status` identical | differs |
+    not-recorded | incomparable; `first`: the first call whose output differs, its cause (reduction-order,
+    carried, calls-differ) and, for reduction-order, what the NCCL logs show NCCL chose at its size."""
+
+    status: str
+    calls_compared: int
+    first: dict[str, Any] | None = None
+    text: str | None = None
+
+
 class Comparison(OpenModel):
     """Two runs compared (detlab.core.train.compare_runs): the verdict, where they part, what is missing."""
 
@@ -309,6 +320,7 @@ class Comparison(OpenModel):
     config_diff: list[KeyDiff]
     environment: list[EnvFact] = Field(default_factory=list)
     downsampled: Downsampled | None = None  # per_step and loss thinned (null: in full)
+    collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
 
 
 class TrainResult(Comparison):
