@@ -135,13 +135,13 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     if len(cfgs) >= 2:
         a, b = groups[0][0], groups[1][0]
         load_calls(session=session, runs=[a, b])
-        b = compare.line_up(a, b)[0]  # ranks by logical position, where both runs recorded them
         differing = compare.differing_steps(a, b)
         detail = detail_steps(differing)
-        load_detail(session=session, runs=[a, b], steps=detail)
+        load_detail(session=session, runs=[a, b], steps=detail)  # by the ranks' own numbers, before lining up
         result = compare.compare_runs(a, b)
         if result["verdict"] == "diverged":  # the page's tensor × step heatmap; bounded, apart from per_step
-            result["divergence_map"] = divergence_map.tensor_step_map(a, b, detail, steps_differing=len(differing))
+            result["divergence_map"] = divergence_map.tensor_step_map(
+                a, compare.line_up(a, b)[0], detail, steps_differing=len(differing))
         result["config_diff"] = configs.diff(cfgs[0].body, cfgs[1].body)
         result["environment"] = environment(session=session, run_a=a.run_id, run_b=b.run_id)
     else:

@@ -101,3 +101,30 @@ def test_a_calls_record_with_a_digest_short_is_a_422_and_stores_nothing(client: 
 def test_record_collectives_takes_a_boolean(client: TestClient) -> None:
     body = {"workload": "mlp", "configs": [{"preset": "default"}], "record_collectives": "maybe"}
     assert client.post("/api/v1/jobs", json=body).status_code == 422
+
+
+def step_of(step: int, rank: int, digests: str) -> dict:
+    """A step record of two tensors: `digests` two hex digits each, repeated to a digest."""
+    packed = "".join(d * 16 for d in (digests[:2], digests[2:]))
+    return {"type": "step", "step": step, "rank": rank, "fp_version": "fp1", "model_digest": f"fp1:{packed[16:48]}",
+            "digests": packed, "loss_bits": "", "step_time_s": 0.01}
+
+
+def test_a_divergence_between_runs_numbered_otherwise_is_told_at_run_as_rank_and_tensor(
+        client: TestClient, session: Session, settings: Settings) -> None:
+    """Run B numbers its ranks the other way round; at step 1 its rank 0 (dp 1) differs from run A's rank 1 in
+    tensor w2 alone (the packed digests must be read by the ranks' own numbers, then lined up)."""
+    run = make_run(session, settings, configs=[{"preset": "default"}, {"preset": "default", "name": "b"}],
+                   record_collectives=True)
+    a, b = sorted(run.job.runs, key=lambda r: r.config_index)
+    tensors = {"type": "tensors", "tensors": [{"index": i, "name": f"w{i + 1}", "shape": [4], "dtype": "float32"}
+                                              for i in range(2)]}
+    send(client, a, [env(0, 0), env(1, 1), tensors, step_of(0, 0, "a1a2"), step_of(0, 1, "b1b2"),
+                     step_of(1, 0, "c1c2"), step_of(1, 1, "d1d2")])
+    send(client, b, [env(0, 1), env(1, 0), tensors, step_of(0, 0, "b1b2"), step_of(0, 1, "a1a2"),
+                     step_of(1, 0, "d1e2"), step_of(1, 1, "c1c2")])
+    session.expire_all()
+    result = client.get("/api/v1/compare", params={"a": a.id, "b": b.id}).json()
+    assert (result["verdict"], result["first_divergent_step"], result["ranks"]) == ("diverged", 1, [1])
+    assert result["first_divergent_tensors"] == ["w2"] and "lined up by logical position" in result["reason"]
+    assert result["collectives"] is None  # neither run recorded its collective calls
