@@ -227,6 +227,7 @@
     const train = kind === "train";
     $("workload-field").hidden = !train;
     $("steps-field").hidden = !train;
+    $("collectives-field").hidden = !train;
     $("collective-fields").hidden = train;
     $("sweep-fields").hidden = kind !== "sweep";
     $("panel-b").hidden = kind === "sweep";
@@ -277,6 +278,7 @@
       world_size: common.world_size,
       steps: intValue("steps", "Steps", limits?.max_steps),
       repeats: common.repeats,
+      record_collectives: $("record-collectives").checked,
     };
   }
 
@@ -414,6 +416,7 @@
     $("world-size").value = spec.world_size;
     $("repeats").value = spec.repeats;
     if (spec.steps) $("steps").value = spec.steps;
+    $("record-collectives").checked = Boolean(spec.record_collectives);
     $("tags").value = (spec.tags || []).join(", ");
     if (spec.collective) setCollective(spec.collective);
     if (spec.sweep) $("knobs").value = JSON.stringify(spec.sweep.knobs);

@@ -1,6 +1,6 @@
 """The first differing collective, in Chromium: on the compare page for two uploaded SDK recordings whose
 allreduce summed in other orders (tests/sdk/scripts/train_collectives.py), and on the job page of a built-in
-DDP job that recorded its collectives."""
+DDP job submitted on the form with "record collective calls" ticked."""
 
 from __future__ import annotations
 
@@ -51,19 +51,25 @@ def test_the_compare_page_names_the_first_collective_whose_inputs_matched(distri
         browser.close()
 
 
-def test_a_job_that_recorded_its_collectives_shows_them_on_its_page(distributed: Stack) -> None:
-    job = distributed.submit({"workload": "mlp", "steps": 2, "world_size": 2, "record_collectives": True,
-                              "configs": [{"preset": "default"}, {"preset": "default", "name": "again"}]})
-    distributed.wait_job(job["id"])
-    calls = distributed.comparison(job["id"])["collectives"]
-    assert calls["status"] == "identical" and calls["calls_compared"] == 6
+def test_a_job_submitted_with_record_collectives_on_the_form_shows_them_on_its_page(distributed: Stack) -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1600})
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{distributed.url}/jobs/{job['id']}")
-        expect(page.locator("#verdict")).to_have_text("identical", timeout=30_000)
+        page.goto(distributed.url)
+        page.select_option("#workload", "mlp")
+        page.fill("#world-size", "2")
+        page.fill("#steps", "2")
+        page.select_option("#preset-a", "default")
+        page.select_option("#preset-b", "default")
+        page.check("#record-collectives")
+        page.click("#submit")
+        page.wait_for_url("**/jobs/*")
+        expect(page.locator("#verdict")).to_have_text("identical", timeout=240_000)
+        job_id = int(page.url.rsplit("/", 1)[1])
+        calls = distributed.comparison(job_id)["collectives"]
+        assert calls["status"] == "identical" and calls["calls_compared"] == 6  # 1 + 2 DDP buckets x 2 ranks
         expect(page.locator("#collectives")).to_have_text(calls["text"])
         expect(page.locator("#collectives")).to_contain_text("calls compared on 2 rank(s), every output equal")
         assert errors == []
