@@ -583,12 +583,14 @@ def compare(
                                                  "replicas of directory A alone)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: verdict, first_divergent_step, "
                                           "first_divergent_tensors, ranks, steps_differing, missing, "
-                                          "replica_disagreements")] = False,
+                                          "replica_disagreements, collectives")] = False,
     server: Server = "http://127.0.0.1:8000",
 ) -> None:
     """Compare two runs: two record directories without a server (a CI gate, docs/sdk.md), or two run ids of
     any jobs, recordings or uploads on a detlab server (`--server`, DETLAB_SERVER; token: DETLAB_TOKEN).
 
+    Where the runs recorded their collective calls (Recorder(collectives=True)), the first call whose output
+    differs is named, with whether its inputs matched (then the reduction order or topology made the difference).
     Exit 0 when identical, 1 when they diverged (the first step, its tensors and ranks are printed) or when,
     within either run, ranks that must hold equal replicas of a tensor (DDP) do not; 2 when they are incomplete
     or incomparable, or a run cannot be read. In messages, run 1 is A and run 2 is B. With directory A alone:

@@ -129,7 +129,10 @@ def first_difference(a: RunCalls, b: RunCalls, *, positions: dict[int, dict[str,
     step, seq = min(firsts.values())
     here = [slot for slot in slots if (step, slot) in a and (step, slot) in b
             and seq < len(a[(step, slot)].calls) and seq < len(b[(step, slot)].calls)]
-    call = a[(step, here[0])].calls[seq] if here else b[(step, slots[0])].calls[seq] if (step, slots[0]) in b else None
+    # The call as run A made it (as run B did where A's stopped short of it: one run made more calls).
+    made = [c.calls[seq] for c in (a.get((step, s)) for s in slots) if c is not None and seq < len(c.calls)]
+    made += [c.calls[seq] for c in (b.get((step, s)) for s in slots) if c is not None and seq < len(c.calls)]
+    call = made[0] if made else None
     differing = [slot for slot, at in firsts.items() if at == (step, seq)]
     if any(a[(step, s)].calls[seq] != b[(step, s)].calls[seq] for s in here) or not here:
         cause, said = "calls-differ", CALLS_DIFFER

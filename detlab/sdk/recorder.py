@@ -189,14 +189,14 @@ class Recorder:
         self._last_call: float | None = None
         self._closed = False
         self._tracer: CallTracer | None = None
-        if collectives:
-            self._tracer = CallTracer(self._digester)
-            self._tracer.install()
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
         # Records already handed to the writer reach the file even if the script never calls close().
         self._atexit = _drain_at_exit(weakref.ref(self))
         atexit.register(self._atexit)
+        if collectives:  # last: nothing after it can fail and leave torch.distributed patched
+            self._tracer = CallTracer(self._digester)
+            self._tracer.install()
 
     # ---- the loop's calls ---------------------------------------------------------------------------
 
