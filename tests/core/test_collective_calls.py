@@ -72,10 +72,13 @@ def test_gathers_are_looked_up_at_the_whole_and_the_per_rank_size() -> None:
     assert cc.message_bytes("all_reduce", "complex32x", 1, 4) == []
 
 
-def test_outputs_never_waited_for_are_not_compared() -> None:
+def test_outputs_never_waited_for_are_not_compared_and_said_so() -> None:
     a = run({1: (calls((LOSS, "a", "b"), unread=frozenset({0})), calls((LOSS, "c", "b")))})
-    b = run({1: (calls((LOSS, "a", "p")), calls((LOSS, "c", "b")))})
-    assert cc.first_difference(a, b)["status"] == "identical"
+    b = run({1: (calls((LOSS, "a", "p")), calls((LOSS, "c", "b"))), 2: (calls((LOSS, "a", "b")), calls())})
+    result = cc.first_difference(a, b)
+    assert result["status"] == "identical" and result["calls_compared"] == 2
+    assert result["text"].endswith("(not compared: 1 outputs never waited for; 2 (step, rank) call lists recorded "
+                                   "by one run only)")
 
 
 def test_calls_that_differ_in_size_are_named_as_such() -> None:
