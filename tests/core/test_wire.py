@@ -255,3 +255,35 @@ def test_collective_parameters_out_of_bounds_are_refused(fields: dict[str, Any],
     with pytest.raises(ValidationError) as caught:
         CollectiveSpec.model_validate(data)
     assert fragment in explain(caught.value)
+
+
+CALL = {"op": "all_reduce", "dtype": "float32", "count": 4, "group_size": 2}
+
+
+def calls_record(**extra: Any) -> dict[str, Any]:
+    return {"type": "calls", "step": 1, "rank": 0, "fp_version": "fp2", "calls": [CALL, CALL],
+            "inputs": "ab" * 32, "outputs": "cd" * 32, **extra}
+
+
+def test_a_calls_record_round_trips() -> None:
+    rec = RECORD.validate_python(calls_record(unread=[1]))
+    assert RECORD.validate_json(rec.model_dump_json()) == rec
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    ({"unread": [2]}, "unread names a call the record does not hold"),
+    ({"inputs": "ab" * 16}, "one digest (32 hex) per call"),
+    ({"calls": []}, "at least 1 item"),
+    ({"calls": [{**CALL, "op": "all_reduce; rm"}]}, "calls.0.op"),
+    ({"calls": [{**CALL, "group_size": 0}]}, "calls.0.group_size"),
+])
+def test_a_bad_calls_record_is_refused_naming_what(extra: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        RECORD.validate_python(calls_record(**extra))
+    assert fragment in explain(caught.value)
+
+
+@pytest.mark.parametrize("position", [{}, {"dp": -1}, {"dp": 1024}, {"1dp": 0}, {f"d{i}": 0 for i in range(9)}])
+def test_a_bad_position_is_refused(position: dict[str, int]) -> None:
+    with pytest.raises(ValidationError):
+        EnvRecord(rank=0, position=position)
