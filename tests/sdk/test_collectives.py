@@ -154,3 +154,15 @@ def test_a_position_must_be_small_whole_numbers_by_dimension(tmp_path: Path) -> 
 def test_hook_ddp_needs_collectives(tmp_path: Path) -> None:
     with detlab.Recorder(out=tmp_path) as rec, pytest.raises(ValueError, match="collectives=True"):
         rec.hook_ddp(torch.nn.Linear(1, 1))
+
+
+def test_a_device_mesh_gives_this_ranks_position_by_its_dimension_names(group: Any, tmp_path: Path) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    with detlab.Recorder(out=tmp_path, position=mesh) as rec:
+        rec.step(0, torch.nn.Linear(2, 2))
+    env = json.loads((tmp_path / "rank0.jsonl").read_text().splitlines()[0])
+    assert env["type"] == "env" and env["position"] == {"dp": 0, "tp": 0}
+    with pytest.raises(ValueError, match="mesh_dim_names"):
+        detlab.Recorder(out=tmp_path / "b", position=init_device_mesh("cpu", (1,)))
