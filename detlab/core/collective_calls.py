@@ -191,6 +191,6 @@ def compare(a: RunCalls, b: RunCalls, *, alignment: Any, world_sizes: tuple[int,
         b = {(step, alignment.b_to_a[r]): c for (step, r), c in b.items() if r in alignment.b_to_a}
     elif world_sizes[0] != world_sizes[1] and a and b:
         return {"status": "incomparable", "calls_compared": 0, "first": None,
-                "text": f"collectives: not compared: world sizes {world_sizes[0]} vs {world_sizes[1]} and no "
-                        "positions recorded to line the ranks up"}
+                "text": f"collectives: not compared: world sizes {world_sizes[0]} vs {world_sizes[1]}, so ranks "
+                        "do not meet one to one (runs whose positions line up do)"}
     return first_difference(a, b, positions=positions, logs=logs, fp_version=fp_version)
