@@ -126,7 +126,8 @@ class Recorder:
                    torch.distributed functions are wrapped from now until `close()`; for DDP call
                    `rec.hook_ddp(ddp_model)` before training. A step's calls are those made since the previous
                    `rec.step`; `detlab compare` names the first call whose output differs and whether its
-                   inputs matched (then the reduction order or topology made the difference).
+                   inputs matched (then the reduction order or topology made the difference). With every > 1
+                   the calls of every step are fingerprinted, those of recorded steps kept.
       position     this rank's logical position, {"dp": i, "tp": j, "pp": k, "cp": l}, or a DeviceMesh with
                    mesh_dim_names: runs whose ranks are numbered otherwise are compared position by position.
     """
