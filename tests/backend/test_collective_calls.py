@@ -128,3 +128,11 @@ def test_a_divergence_between_runs_numbered_otherwise_is_told_at_run_as_rank_and
     assert (result["verdict"], result["first_divergent_step"], result["ranks"]) == ("diverged", 1, [1])
     assert result["first_divergent_tensors"] == ["w2"] and "lined up by logical position" in result["reason"]
     assert result["collectives"] is None  # neither run recorded its collective calls
+
+
+def test_a_rerun_records_collectives_as_the_job_did(client: TestClient) -> None:
+    first = client.post("/api/v1/jobs", json={"workload": "mlp", "steps": 2, "world_size": 2,
+                                              "configs": [{"preset": "default"}], "record_collectives": True}).json()
+    assert client.get(f"/api/v1/jobs/{first['id']}/spec").json()["record_collectives"] is True
+    plain = client.post("/api/v1/jobs", json={"workload": "mlp", "steps": 2, "configs": [{"preset": "default"}]})
+    assert client.get(f"/api/v1/jobs/{plain.json()['id']}/spec").json()["record_collectives"] is False
