@@ -124,11 +124,11 @@ def first_difference(a: RunCalls, b: RunCalls, *, positions: dict[int, dict[str,
     if not firsts:
         unread = sum(len(c.unread) for c in (*a.values(), *b.values()))
         alone = len(set(a) ^ set(b))
-        said = [f"{unread} outputs never waited for"] if unread else []
-        said += [f"{alone} (step, rank) call lists recorded by one run only"] if alone else []
+        skipped = [f"{unread} outputs never waited for"] if unread else []
+        skipped += [f"{alone} (step, rank) call lists recorded by one run only"] if alone else []
         return {"status": "identical", "calls_compared": compared, "first": None,
                 "text": f"collectives: {compared} calls compared on {len(slots)} rank(s), every output equal"
-                        + (f" (not compared: {'; '.join(said)})" if said else "")}
+                        + (f" (not compared: {'; '.join(skipped)})" if skipped else "")}
     step, seq = min(firsts.values())
     here = [slot for slot in slots if (step, slot) in a and (step, slot) in b
             and seq < len(a[(step, slot)].calls) and seq < len(b[(step, slot)].calls)]
