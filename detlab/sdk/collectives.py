@@ -7,7 +7,7 @@ is read when the returned work is waited for) and `uninstall()` puts the origina
 group from C++, so DDP models are watched through a communication hook (`hook_ddp`) that fingerprints each
 bucket's input and its allreduced output.
 
-Digests are queued where the tensors live, through the recorder's Digester (detlab.sdk.digests): on CUDA the
+Digests are queued where the tensors live, through a Digester of its own (detlab.sdk.digests): on CUDA the
 input's digest is queued on the current stream before the collective (which waits for that stream), the output's
 after the collective's work is waited for, and both are read on the recorder's writer thread; there is no host
 sync per call. What is not seen: collectives called through names bound before `install()` (`from
@@ -85,11 +85,18 @@ class _Work:
         return getattr(self._work, name)
 
 
+# Collective buffers (DDP's buckets, a loop's own) keep their storage from step to step: their launch plans are
+# kept, one per buffer, as the parameters' are.
+KEPT_BUFFERS = 256
+
+
 class CallTracer:
     """Records the collective calls of one process, step by step (`take()` hands over a step's calls)."""
 
-    def __init__(self, digester: Digester) -> None:
-        self._digester = digester
+    def __init__(self, digester: Digester | None = None) -> None:
+        from detlab.sdk.digests import Digester
+
+        self._digester = digester or Digester(kept=KEPT_BUFFERS)
         self._calls: list[Call] = []
         self._lock = threading.Lock()  # DDP's hooks run on autograd and process-group threads
         self._inside = threading.local()  # a wrapped collective calling another is one call

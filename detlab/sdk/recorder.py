@@ -196,7 +196,7 @@ class Recorder:
         self._atexit = _drain_at_exit(weakref.ref(self))
         atexit.register(self._atexit)
         if collectives:  # last: nothing after it can fail and leave torch.distributed patched
-            self._tracer = CallTracer(self._digester)
+            self._tracer = CallTracer()
             self._tracer.install()
 
     # ---- the loop's calls ---------------------------------------------------------------------------

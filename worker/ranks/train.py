@@ -152,9 +152,8 @@ def train(spec: RankSpec) -> None:
     tracer = None
     if spec.record_collectives:  # every gradient bucket's allreduce, and any collective the workload calls
         from detlab.sdk.collectives import CallTracer
-        from detlab.sdk.digests import Digester
 
-        tracer = CallTracer(Digester())
+        tracer = CallTracer()
         tracer.install()
         tracer.hook_ddp(ddp)
     # DDP replicates the whole model: a rank's logical position is its data-parallel index.
