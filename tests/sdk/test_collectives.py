@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +25,20 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 def record(out: Path, *args: str, ranks: int = 2) -> Path:
+    """Run the script under torchrun into `out`; on a timeout its whole process group (torchrun and its ranks)
+    is killed and the failure shows the end of what they printed."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    done = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks), str(SCRIPT), str(out),
-                           *args], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    env["PYTHONFAULTHANDLER"] = "1"
+    proc = subprocess.Popen([str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks), str(SCRIPT), str(out),
+                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)  # faulthandler prints every rank's Python stack
+        output, _ = proc.communicate()
+        raise AssertionError(f"torchrun {' '.join(args)} ran past 300 s:\n{output[-6000:]}") from None
+    assert proc.returncode == 0, output[-3000:]
     return out
 
 
@@ -72,6 +83,14 @@ def test_a_reduction_summed_in_another_order_is_blamed_with_matched_inputs(tmp_p
     text = compare(forward, reverse).stdout
     assert ("first differing collective: step 0 call 0 ddp_allreduce float32 x193 over 3 ranks on rank(s) 0, 1, 2: "
             "inputs matched → reduction order/topology") in text
+
+
+def test_recording_the_collectives_leaves_the_training_bit_equal(plain: Path, tmp_path: Path) -> None:
+    """The DDP hook divides each bucket by the group size and sums it, as torch's default hook does: at 2 ranks
+    the parameters are bit-equal to DDP's own C++ allreduce's."""
+    result = verdict(plain, record(tmp_path / "b", "--no-collectives"))
+    assert result["verdict"] == "identical" and result["steps_compared"] == 4
+    assert result["collectives"]["status"] == "not-recorded"
 
 
 def _drop_positions(src: Path, dst: Path) -> Path:

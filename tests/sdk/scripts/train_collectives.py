@@ -4,7 +4,9 @@ the loss per step. Deterministic on CPU: seeded model and data, a fixed global b
 position, one thread per rank.
 
 Usage: python train_collectives.py OUT [--steps N] [--reversed-positions] [--plant STEP:RANK]
-                                      [--reduce-order forward|reverse]
+                                      [--reduce-order forward|reverse] [--no-collectives]
+
+--no-collectives: the same loop recorded without collectives (no DDP hook: DDP's own C++ allreduce).
 
 --reversed-positions: rank r takes data-parallel position N-1-r (its batch shard, and `position={"dp": ...}`),
     so that a run numbers its ranks the other way round from a plain run. Buffers are never broadcast: each
@@ -73,6 +75,7 @@ def main() -> None:
     parser.add_argument("--reversed-positions", action="store_true")
     parser.add_argument("--plant")
     parser.add_argument("--reduce-order", choices=["forward", "reverse"])
+    parser.add_argument("--no-collectives", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -97,8 +100,10 @@ def main() -> None:
         return grad
 
     model[3].weight.register_hook(plant)
-    with detlab.Recorder(out=args.out, buffers=True, collectives=True, position={"dp": dp}) as rec:
-        rec.hook_ddp(net)
+    with detlab.Recorder(out=args.out, buffers=True, collectives=not args.no_collectives,
+                         position={"dp": dp}) as rec:
+        if not args.no_collectives:
+            rec.hook_ddp(net)
         share = GLOBAL_BATCH // world
         for step in range(args.steps):
             state["step"] = step
