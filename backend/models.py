@@ -186,6 +186,7 @@ class RankEnv(Base):
     backend: Mapped[str | None] = mapped_column(String(16))
     effective_env: Mapped[dict[str, Any]] = mapped_column(default=dict)
     torch_flags: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    position: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))  # {"dp": 0, "tp": 1}
 
 
 class TensorMeta(Base):
@@ -223,6 +224,24 @@ class StepRecord(Base):
     drift_version: Mapped[str | None] = mapped_column(String(8))
     stats: Mapped[bytes | None] = mapped_column(LargeBinary)
     sketch: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+class CallsRecord(Base):
+    """One rank's collective calls within one step: what each was (a compact JSON list of [op, dtype, count,
+    group_size]) and the packed input and output digests, as StepRecord packs tensors'."""
+
+    __tablename__ = "collective_calls"
+    __table_args__ = (UniqueConstraint("run_id", "step", "rank"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    step: Mapped[int]
+    rank: Mapped[int]
+    fp_version: Mapped[str] = mapped_column(String(8))
+    calls: Mapped[list[Any]]
+    inputs: Mapped[bytes] = mapped_column(LargeBinary)
+    outputs: Mapped[bytes] = mapped_column(LargeBinary)
+    unread: Mapped[list[Any]] = mapped_column(default=list)
 
 
 class Worker(Base):

@@ -77,6 +77,8 @@ class JobCreate(RequestBody):
     repeats: int = Field(default=1, ge=1, le=INT32)
     fingerprint_interval: int = Field(default=1, ge=1, le=INT32)
     inject_bitflip: BitFlip | None = None
+    # train: fingerprint every collective call's input and output (DDP buckets, the workload's own calls)
+    record_collectives: bool = False
     collective: CollectiveParams | None = None
     sweep: SweepParams | None = None
     # batch-invariance: ops × dtypes × batch sizes at features (and diagnosis.workload's forward, if given);
@@ -325,6 +327,17 @@ class EnvFact(OpenModel):
     differs: bool
 
 
+class CollectiveCalls(OpenModel):
+    """The runs' collective calls compared (detlab.core.collective_calls): `status` identical | differs |
+    not-recorded | incomparable; `first`: the first call whose output differs, its cause (reduction-order,
+    carried, calls-differ) and, for reduction-order, what the NCCL logs show NCCL chose at its size."""
+
+    status: str
+    calls_compared: int
+    first: dict[str, Any] | None = None
+    text: str | None = None
+
+
 class Comparison(OpenModel):
     """Two runs compared (detlab.core.train.compare_runs): the verdict, where they part, what is missing."""
 
@@ -346,6 +359,7 @@ class Comparison(OpenModel):
     environment: list[EnvFact] = Field(default_factory=list)
     downsampled: Downsampled | None = None  # per_step and loss thinned (null: in full)
     drift: Drift | None = None  # absent from results stored before drift was estimated
+    collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
 
 
 class TrainResult(Comparison):

@@ -547,7 +547,7 @@ def audit(ctx: typer.Context) -> None:
 
 # What `compare --json` prints of a verdict (per-step rows and loss curves stay out: they grow with the run).
 _COMPARE_KEYS = ("verdict", "reason", "mode", "first_divergent_step", "first_divergent_tensors", "ranks",
-                 "steps_differing", "steps_compared", "missing", "replica_disagreements")
+                 "steps_differing", "steps_compared", "missing", "replica_disagreements", "collectives")
 # ... and of its drift: the summary, not the per-step points.
 _DRIFT_KEYS = ("available", "reason", "verdict", "max", "max_step", "dtype", "rounding_level", "sampled", "k",
                "relative_error")
@@ -566,7 +566,9 @@ def _replica_text(rows: list[dict[str, Any]]) -> list[str]:
 def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list[str]:
     verdict = result["verdict"]
     if verdict == "incomparable":
-        return [f"incomparable: {result['reason']}", *_replica_text(result.get("replica_disagreements") or [])]
+        calls = result.get("collectives") or {}
+        return [f"incomparable: {result['reason']}", *([f"  {calls['text']}"] if calls.get("text") else []),
+                *_replica_text(result.get("replica_disagreements") or [])]
     if verdict == "identical":
         lines = [f"identical: {result['steps_compared']} steps x {world_size} rank(s) x {tensors} tensors equal"]
     elif verdict == "diverged":
@@ -580,6 +582,8 @@ def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list
     lines += [f"  missing: {m}" for m in result["missing"]]
     if result["reason"]:
         lines.append(f"  note: {result['reason']}")
+    if (calls := result.get("collectives")) and calls.get("text"):
+        lines.append(f"  {calls['text']}")
     lines += _replica_text(result.get("replica_disagreements") or [])
     if verdict == "diverged" and (drift := result.get("drift")):
         lines.append(f"  drift (‖A−B‖/‖A‖, estimated): {drift['verdict']}" if drift.get("available")
@@ -625,12 +629,14 @@ def compare(
                                                  "replicas of directory A alone)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: verdict, first_divergent_step, "
                                           "first_divergent_tensors, ranks, steps_differing, missing, "
-                                          "replica_disagreements")] = False,
+                                          "replica_disagreements, collectives")] = False,
     server: Server = "http://127.0.0.1:8000",
 ) -> None:
     """Compare two runs: two record directories without a server (a CI gate, docs/sdk.md), or two run ids of
     any jobs, recordings or uploads on a detlab server (`--server`, DETLAB_SERVER; token: DETLAB_TOKEN).
 
+    Where the runs recorded their collective calls (Recorder(collectives=True)), the first call whose output
+    differs is named, with whether its inputs matched (then the reduction order or topology made the difference).
     Exit 0 when identical, 1 when they diverged (the first step, its tensors and ranks are printed) or when,
     within either run, ranks that must hold equal replicas of a tensor (DDP) do not; 2 when they are incomplete
     or incomparable, or a run cannot be read. In messages, run 1 is A and run 2 is B. With directory A alone:

@@ -26,13 +26,15 @@ def build(*, session: Session, run_a: Run, run_b: Run) -> dict[str, Any]:
     """The comparison of run A with run B, as a train job's page shows its pair (per-step series thinned)."""
     a, b = (train.load_run(session=session, run=r, workload=r.job.workload,
                            interval=int(r.job.params.get("fingerprint_interval", 1))) for r in (run_a, run_b))
+    train.load_calls(session=session, runs=[a, b])
     differing = compare.differing_steps(a, b) if a.records and b.records else []
     detail = train.detail_steps(differing)
-    train.load_detail(session=session, runs=[a, b], steps=detail)
+    train.load_detail(session=session, runs=[a, b], steps=detail)  # by the ranks' own numbers, before lining up
     train.load_drift(session=session, runs=[a, b])
     result = compare.compare_runs(a, b)
     if result["verdict"] == "diverged":
-        result["divergence_map"] = divergence_map.tensor_step_map(a, b, detail, steps_differing=len(differing))
+        result["divergence_map"] = divergence_map.tensor_step_map(a, compare.line_up(a, b)[0], detail,
+                                                                  steps_differing=len(differing))
     result["config_diff"] = configs.diff(run_a.config.body, run_b.config.body)
     result["environment"] = train.environment(session=session, run_a=run_a.id, run_b=run_b.id)
     result["runs"] = [describe(run_a), describe(run_b)]

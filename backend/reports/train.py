@@ -8,13 +8,16 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from detlab.backend.models import SUCCEEDED, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
-from detlab.core import commlog, configs, divergence_map, drift, steps
+from detlab.backend.models import SUCCEEDED, CallsRecord, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
+from detlab.core import collective_calls, commlog, configs, divergence_map, drift, steps
 from detlab.core import train as compare
 
 # Packed per-tensor digests are loaded for the first divergent step and at most this many others:
 # model digests tell equal from different steps, so 100k steps never load 100k packed rows.
 DETAIL_STEPS = 200
+# Collective calls are loaded step by step from the first, up to this many (step, rank) rows per run: the first
+# differing call of a long run is found within them, or the comparison says how far it looked.
+MAX_CALL_ROWS = 20_000
 
 
 def load_run(*, session: Session, run: Run, workload: str, interval: int = 1,
@@ -37,7 +40,24 @@ def load_run(*, session: Session, run: Run, workload: str, interval: int = 1,
     data.records = {(step, rank): compare.StepData(None, loss, seconds, digest, version)
                     for step, rank, digest, loss, seconds, _, version in rows}
     data.fp_versions = {row[5] for row in rows} or data.fp_versions
+    data.positions = {rank: dict(position) for rank, position in session.execute(
+        select(RankEnv.rank, RankEnv.position).where(RankEnv.run_id == run.id, RankEnv.position.is_not(None)))}
     return data
+
+
+def load_calls(*, session: Session, runs: list[compare.RunData]) -> None:
+    """Fill in the runs' collective calls (the first MAX_CALL_ROWS (step, rank) rows of each) and parsed NCCL
+    logs, for the comparison's first differing collective."""
+    for data in runs:
+        rows = session.execute(select(
+            CallsRecord.step, CallsRecord.rank, CallsRecord.calls, CallsRecord.inputs, CallsRecord.outputs,
+            CallsRecord.unread).where(CallsRecord.run_id == data.run_id)
+            .order_by(CallsRecord.step, CallsRecord.rank).limit(MAX_CALL_ROWS))
+        data.calls = {(step, rank): collective_calls.StepCalls([tuple(c) for c in calls], bytes(inputs),  # type: ignore[misc]
+                                                               bytes(outputs), frozenset(unread))
+                      for step, rank, calls, inputs, outputs, unread in rows}
+        logs = list(session.scalars(select(CommLog.parsed).where(CommLog.run_id == data.run_id)))
+        data.comm_logs = logs or None
 
 
 def load_detail(*, session: Session, runs: list[compare.RunData], steps: list[int]) -> None:
@@ -129,13 +149,15 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         return None
     if len(cfgs) >= 2:
         a, b = groups[0][0], groups[1][0]
+        load_calls(session=session, runs=[a, b])
         differing = compare.differing_steps(a, b)
         detail = detail_steps(differing)
-        load_detail(session=session, runs=[a, b], steps=detail)
+        load_detail(session=session, runs=[a, b], steps=detail)  # by the ranks' own numbers, before lining up
         load_drift(session=session, runs=[a, b])
         result = compare.compare_runs(a, b)
         if result["verdict"] == "diverged":  # the page's tensor × step heatmap; bounded, apart from per_step
-            result["divergence_map"] = divergence_map.tensor_step_map(a, b, detail, steps_differing=len(differing))
+            result["divergence_map"] = divergence_map.tensor_step_map(
+                a, compare.line_up(a, b)[0], detail, steps_differing=len(differing))
         result["config_diff"] = configs.diff(cfgs[0].body, cfgs[1].body)
         result["environment"] = environment(session=session, run_a=a.run_id, run_b=b.run_id)
     else:

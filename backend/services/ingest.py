@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from detlab.backend.models import (
     FINISHED,
     RUNNING,
+    CallsRecord,
     CollectiveTrial,
     CommLog,
     DiagnosisRecord,
@@ -55,7 +56,7 @@ def claim(*, session: Session, run: Run, worker: str, stale_after_s: float) -> w
     if run.status == RUNNING and beat and utcnow() - beat < timedelta(seconds=stale_after_s):
         raise Conflict(f"run {run.id} is running on {run.node} (attempt {run.attempt})")
     # A new attempt starts over: the previous attempt's partial records go, so no step is stored twice.
-    for model in (StepRecord, RankEnv, TensorMeta, CollectiveTrial, CommLog, DiagnosisRecord):
+    for model in (StepRecord, RankEnv, TensorMeta, CollectiveTrial, CommLog, DiagnosisRecord, CallsRecord):
         session.execute(delete(model).where(model.run_id == run.id))
     run.attempt += 1
     run.status, run.node, run.error = RUNNING, worker, None
@@ -82,6 +83,7 @@ def run_spec(run: Run) -> wire.RunSpec:
         "fingerprint_interval": run.job.params.get("fingerprint_interval", 1),
         "inject_bitflip": run.job.params.get("inject_bitflip"),
         "probe_step": bisect.probe_step(run.job),
+        "record_collectives": bool(run.job.params.get("record_collectives", False)),
     })
 
 
@@ -125,6 +127,7 @@ def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
     tensors: list[dict[str, Any]] = []
     trials: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
     for i, rec in enumerate(batch.records):
         if not isinstance(rec, wire.TensorsRecord) and rec.rank >= run.world_size:
             raise ValueError(f"records.{i}: rank {rec.rank} is outside the run's world_size {run.world_size}")
@@ -141,6 +144,12 @@ def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
                 run.device = (rec.device or "")[:32] or run.device
             case wire.TrialRecord():
                 trials.append(_row(run, rec))
+            case wire.CallsRecord():
+                # Compact: [op, dtype, count, group_size] per call, digests packed as bytes.
+                calls.append({"run_id": run.id, "step": rec.step, "rank": rec.rank, "fp_version": rec.fp_version,
+                              "calls": [[c.op, c.dtype, c.count, c.group_size] for c in rec.calls],
+                              "inputs": bytes.fromhex(rec.inputs), "outputs": bytes.fromhex(rec.outputs),
+                              "unread": rec.unread})
             case wire.TensorsRecord():
                 tensors += [{"run_id": run.id, **t.model_dump()} for t in rec.tensors]
             case wire.InvarianceRecord() | wire.ModelInvarianceRecord() | wire.AuditOpRecord():
@@ -151,6 +160,7 @@ def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
     _insert(session, TensorMeta, tensors)
     _insert(session, CollectiveTrial, trials)
     _insert(session, DiagnosisRecord, results)
+    _insert(session, CallsRecord, calls)
     if steps:
         run.steps_done = max(run.steps_done, max(s["step"] for s in steps))
     if trials:  # a collective run's progress: (op, dtype, size) cells that rank 0 finished

@@ -132,6 +132,9 @@ def _validate(data: JobCreate, settings: Settings,
     steps = data.steps or workload.default_steps
     if steps > settings.max_steps:
         raise InvalidJob(f"steps must be <= {settings.max_steps}")
+    if workload.script and data.record_collectives:
+        raise InvalidJob(f"{data.workload} is a registered script: its own detlab.Recorder(collectives=True) "
+                         "records its collectives")
     if workload.script and data.inject_bitflip:
         raise InvalidJob(f"{data.workload} is a registered script: detlab cannot flip a bit inside it")
     for body in bodies:
@@ -216,6 +219,8 @@ def create_job(*, session: Session, data: JobCreate, settings: Settings, submitt
         params["sweep_base"] = configs.resolve(data.configs[0]).model_dump()  # for a rerun: cells lose it
     if data.inject_bitflip:
         params["inject_bitflip"] = data.inject_bitflip.model_dump()
+    if data.record_collectives:
+        params["record_collectives"] = True
     job = Job(kind=data.kind, workload=workload, world_size=data.world_size, steps=steps,
               repeats=data.repeats, params=params, config_ids=[c.id for c in stored], submitter=submitter,
               queue=data.queue)
@@ -292,4 +297,6 @@ def spec_of(job: Job) -> dict[str, Any]:
         spec.update(workload=job.workload, steps=job.steps)
     if "inject_bitflip" in params:
         spec["inject_bitflip"] = params["inject_bitflip"]
+    if params.get("record_collectives"):
+        spec["record_collectives"] = True
     return spec

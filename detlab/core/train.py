@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from detlab.core import drift, shards
+from detlab.core import collective_calls, drift, positions, shards
 from detlab.core.shards import DIGEST_BYTES, RankTensor
 
 
@@ -46,6 +46,12 @@ class RunData:
     # SDK recordings: each rank's own list, with DTensor placements and replicas (detlab.core.shards). Empty:
     # every rank recorded `tensors`, and nothing is known of replicas.
     rank_tensors: dict[int, list[RankTensor]] = field(default_factory=dict)
+    # rank -> its logical position ({"dp": 0, "tp": 1}); empty: not recorded (ranks meet by number).
+    positions: dict[int, dict[str, int]] = field(default_factory=dict)
+    rank_note: str | None = None  # set when its ranks were renumbered to meet another run's (line_up)
+    # Per (step, rank): the collective calls it recorded (detlab.core.collective_calls); empty: none recorded.
+    calls: collective_calls.RunCalls = field(default_factory=dict)
+    comm_logs: list[dict[str, Any]] | None = None  # its ranks' parsed NCCL/RCCL logs; None: none recorded
     # steps() and ranks() are asked once per step of a comparison: cached while `records` keeps its size.
     _cache: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -103,6 +109,23 @@ def step_diff(a: RunData, b: RunData, step: int, ranks: list[int] | None) -> tup
     if len(keys_a) == 1 and keys_a == keys_b:
         return False, set(), []
     return True, _tensor_diff(da, db, False), []
+
+
+def line_up(a: RunData, b: RunData) -> tuple[RunData, positions.Alignment]:
+    """Run B with its ranks renumbered as run A's ranks at the same logical positions, where both runs recorded
+    them (detlab.core.positions); B itself where ranks meet by number or cannot meet (the alignment's reason)."""
+    alignment = positions.line_up((a.run_id, b.run_id), a.positions, b.positions, (a.world_size, b.world_size))
+    mapping = alignment.b_to_a
+    if mapping is None or all(r == ra for r, ra in mapping.items()):
+        return b, alignment
+    moved = RunData(run_id=b.run_id, workload=b.workload, world_size=b.world_size, tensors=b.tensors,
+                    records={(step, mapping[r]): d for (step, r), d in b.records.items() if r in mapping},
+                    fp_versions=b.fp_versions, expected_steps=b.expected_steps, status=b.status,
+                    rank_tensors={mapping[r]: t for r, t in b.rank_tensors.items() if r in mapping},
+                    positions={mapping[r]: p for r, p in b.positions.items()}, rank_note=alignment.note,
+                    calls={(step, mapping[r]): c for (step, r), c in b.calls.items() if r in mapping},
+                    comm_logs=b.comm_logs)
+    return moved, alignment
 
 
 def _incomparable(a: RunData, b: RunData) -> str | None:
@@ -183,12 +206,14 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     `replica_disagreements`, apart from the verdict: where, within either run, ranks that must hold
     bit-equal copies of a tensor first do not."""
     replicas = replica_disagreements(a) + replica_disagreements(b)
-    reason = _incomparable(a, b)
+    b, alignment = line_up(a, b)
+    calls = compare_calls(a, b, alignment)
+    reason = alignment.reason or _incomparable(a, b)
     if reason:
         return {"verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
                 "first_divergent_step": None, "first_divergent_tensors": [], "ranks": [],
                 "steps_differing": 0, "steps_compared": 0, "per_step": [], "loss": {"a": [], "b": []},
-                "missing": [], "replica_disagreements": replicas,
+                "missing": [], "replica_disagreements": replicas, "collectives": calls,
                 "drift": {"available": False, "reason": f"incomparable runs: {reason}"}}
     names = [t[0] for t in a.tensors]
     steps = sorted(set(a.steps()) & set(b.steps()))
@@ -196,6 +221,7 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     common = sorted(set(a.ranks()) & set(b.ranks())) if per_rank else None
     notes = [] if per_rank else [f"compared on rank-consensus parameters (world sizes {a.world_size} vs "
                                  f"{b.world_size}); ranks are not matched one to one"]
+    notes += [b.rank_note] if b.rank_note else []
     per_step: list[dict[str, Any]] = []
     first_step, first_tensors, first_ranks, differing_steps, unknown = None, [], [], 0, 0
     for step in steps:
@@ -238,7 +264,20 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         "missing": missing,
         "replica_disagreements": replicas,
         "drift": drift.compare(a, b, per_rank),
+        "collectives": calls,
     }
+
+
+def compare_calls(a: RunData, b: RunData, alignment: positions.Alignment) -> dict[str, Any] | None:
+    """The runs' collective calls compared (B already lined up with A): the first call whose output differs and
+    why (detlab.core.collective_calls). None when neither run recorded its collectives."""
+    if not a.calls and not b.calls:
+        return None
+    if alignment.b_to_a is not None:
+        alignment = positions.Alignment(note=alignment.note)  # B's calls are renumbered with its records
+    version = next(iter(a.fp_versions), "fp")
+    return collective_calls.compare(a.calls, b.calls, alignment=alignment, world_sizes=(a.world_size, b.world_size),
+                                    positions=a.positions, logs=(a.comm_logs, b.comm_logs), fp_version=version)
 
 
 def _names(a: RunData, b: RunData, step: int, ranks: list[int]) -> list[str]:
@@ -260,6 +299,7 @@ def replica_disagreements(run: RunData) -> list[dict[str, Any]]:
 
 def differing_steps(a: RunData, b: RunData) -> list[int]:
     """Steps at which two comparable runs differ, from model digests alone."""
+    b = line_up(a, b)[0]
     common = sorted(set(a.ranks()) & set(b.ranks())) if a.world_size == b.world_size else None
     return [s for s in sorted(set(a.steps()) & set(b.steps())) if step_diff(a, b, s, common)[0]]
 

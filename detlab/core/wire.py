@@ -2,7 +2,7 @@
 
 - server -> worker: the claim reply, `RunSpec` (what one attempt of a run executes);
 - worker -> ranks: `RankSpec`, written by the launcher as JSON, read with `RankSpec.model_validate_json`;
-- ranks -> worker: one `Record` per spool line (`env`, `tensors`, `step`, `trial`), `model_dump_json()`;
+- ranks -> worker: one `Record` per spool line (`env`, `tensors`, `step`, `trial`, `calls`), `model_dump_json()`;
 - worker -> server: the ingest bodies (`Claim`, `RecordsBatch`, `CommLogUpload`, `Finish`, `Heartbeat`)
   and their replies.
 
@@ -179,6 +179,7 @@ class RunPlan(Wire):
     # A bisect run: train to this step unrecorded, record this step module call by module call, and stop
     # (detlab.core.bisect names the entries).
     probe_step: int | None = Field(default=None, ge=1, le=INT32)
+    record_collectives: bool = False  # train: fingerprint every collective's input and output (`calls` records)
 
     @model_validator(mode="after")
     def _collective_iff_kind(self) -> RunPlan:
@@ -227,8 +228,16 @@ class TorchFacts(Wire):
     num_threads: int = Field(ge=1, le=INT32)
 
 
+# A rank's logical position in the run's parallel layout: mesh dimension name -> coordinate ({"dp": 1, "tp": 0}).
+# Runs of different world sizes or rank numberings line up by it (detlab.core.positions).
+MeshDimName = Annotated[str, Field(min_length=1, max_length=16, pattern=r"^[A-Za-z][A-Za-z0-9_]*$")]
+Position = Annotated[dict[MeshDimName, Annotated[int, Field(ge=0, lt=MAX_WORLD_SIZE)]], Field(min_length=1,
+                                                                                              max_length=8)]
+
+
 class EnvRecord(Wire):
-    """A rank's stack: host, device, driver and library versions, environment and torch flags in effect."""
+    """A rank's stack: host, device, driver and library versions, environment and torch flags in effect;
+    `position`: its logical position (dp, tp, pp, cp ...), None where not known."""
 
     type: Literal["env"] = "env"
     rank: Rank
@@ -243,6 +252,7 @@ class EnvRecord(Wire):
     fingerprint_impl: Str32 | None = None
     effective_env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=512)
     torch_flags: TorchFacts | None = None
+    position: Position | None = None
 
 
 class TensorInfo(Wire):
@@ -407,10 +417,49 @@ class AuditOpRecord(Wire):
     evidence: str = Field(max_length=EVIDENCE_CHARS)
 
 
-Record = Annotated[EnvRecord | TensorsRecord | StepRecord | TrialRecord | InvarianceRecord | ModelInvarianceRecord
-                   | AuditOpRecord, Field(discriminator="type")]
-RECORD: TypeAdapter[EnvRecord | TensorsRecord | StepRecord | TrialRecord | InvarianceRecord | ModelInvarianceRecord
-                    | AuditOpRecord] = TypeAdapter(Record)
+
+MAX_CALLS = 1 << 14  # collective calls recorded per step and rank
+
+
+class CallInfo(Wire):
+    """One collective call as a training loop made it: the torch function (`all_reduce`, `ddp_allreduce` for a
+    DDP bucket ...), the input's dtype and element count, and the size of the group it ran over."""
+
+    op: Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z_]+$")]
+    dtype: Annotated[str, Field(min_length=1, max_length=16, pattern=r"^[a-z0-9_]+$")]
+    count: Bytes
+    group_size: WorldSize
+
+
+class CallsRecord(Wire):
+    """One rank's collective calls within one step, in call order (a call's `seq` is its index): what each call
+    was, and the digests of its input and of its output, packed as in `step` records. `unread`: the calls whose
+    output was never waited for (async_op=True without wait()); their output digest is zeros, not compared."""
+
+    type: Literal["calls"] = "calls"
+    step: Index
+    rank: Rank
+    fp_version: FpVersion
+    calls: list[CallInfo] = Field(min_length=1, max_length=MAX_CALLS)
+    inputs: PackedDigests
+    outputs: PackedDigests
+    unread: list[Index] = Field(default_factory=list, max_length=MAX_CALLS)
+
+    @model_validator(mode="after")
+    def _one_digest_per_call(self) -> CallsRecord:
+        n = len(self.calls)
+        if len(self.inputs) != 32 * n or len(self.outputs) != 32 * n:
+            raise ValueError(f"inputs and outputs hold one digest (32 hex) per call: {n} calls")
+        if any(i >= n for i in self.unread):
+            raise ValueError("unread names a call the record does not hold")
+        return self
+
+
+
+Record = Annotated[EnvRecord | TensorsRecord | StepRecord | TrialRecord | CallsRecord | InvarianceRecord
+                   | ModelInvarianceRecord | AuditOpRecord, Field(discriminator="type")]
+RECORD: TypeAdapter[EnvRecord | TensorsRecord | StepRecord | TrialRecord | CallsRecord | InvarianceRecord
+                    | ModelInvarianceRecord | AuditOpRecord] = TypeAdapter(Record)
 DIAGNOSIS_RECORDS = (InvarianceRecord, ModelInvarianceRecord, AuditOpRecord)
 
 

@@ -69,7 +69,8 @@ def _key(tensors: Sequence[torch.Tensor]) -> tuple:
 class Digester:
     """Queues digests (the current version) of tensor lists; keeps Triton launch plans per list between calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: int = KEPT_LISTS) -> None:
+        self._kept = kept  # distinct tensor lists whose launch plans are kept
         self._plans: OrderedDict[tuple, list[_Slot]] = OrderedDict()
         self._lock = threading.Lock()  # `busy` is cleared by the thread that reads a result
 
@@ -107,7 +108,7 @@ class Digester:
         with self._lock:
             self._plans.setdefault(key, []).append(slot)
             self._plans.move_to_end(key)
-            while len(self._plans) > KEPT_LISTS:
+            while len(self._plans) > self._kept:
                 self._plans.popitem(last=False)
 
     def _release(self, slot: _Slot) -> None:

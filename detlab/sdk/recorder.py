@@ -23,9 +23,20 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
-from detlab.core.wire import Drift, EnvRecord, RecordingOpen, StepRecord, Tags, TensorInfo, TensorsRecord, explain
+from detlab.core.wire import (
+    Drift,
+    EnvRecord,
+    Position,
+    RecordingOpen,
+    StepRecord,
+    Tags,
+    TensorInfo,
+    TensorsRecord,
+    explain,
+)
 from detlab.sdk import identity, store, upload
 from detlab.sdk import tensors as named_tensors
+from detlab.sdk.collectives import CallTracer, calls_record
 from detlab.sdk.digests import Digester, Pending, read_scalar
 from detlab.sdk.probing import Probing
 from detlab.sdk.spool import Spool
@@ -73,6 +84,26 @@ def spool_root() -> Path:
 
 
 _TAGS: TypeAdapter[list[str]] = TypeAdapter(Tags)
+_POSITION: TypeAdapter[dict[str, int]] = TypeAdapter(Position)
+
+
+def position_of(position: Any) -> dict[str, int] | None:
+    """A rank's logical position: a dict such as {"dp": 1, "tp": 0}, or a DeviceMesh with mesh_dim_names
+    (this rank's coordinate on it); None stays None."""
+    if position is None:
+        return None
+    if hasattr(position, "mesh_dim_names") and hasattr(position, "get_coordinate"):
+        names, coordinate = position.mesh_dim_names, position.get_coordinate()
+        if not names:
+            raise ValueError("position: the DeviceMesh has no mesh_dim_names; make it with "
+                             "init_device_mesh(..., mesh_dim_names=(\"dp\", \"tp\"))")
+        if coordinate is None:
+            raise ValueError("position: this rank is not on the DeviceMesh")
+        position = dict(zip(names, coordinate, strict=True))
+    try:
+        return _POSITION.validate_python(position)
+    except ValidationError as exc:
+        raise ValueError(f"position: {explain(exc)} (e.g. position={{'dp': 0, 'tp': 1}})") from None
 
 
 class Recorder:
@@ -110,13 +141,22 @@ class Recorder:
                    recorded tensor (detlab.core.sketch): the comparison then estimates how far the runs drift
                    apart (‖A−B‖/‖A‖ per step). On by default; False records digests only.
       overwrite    replace a recording already in `out` instead of refusing to start.
+      collectives  also fingerprint every collective call's input and output (detlab.sdk.collectives): the
+                   torch.distributed functions are wrapped from now until `close()`; for DDP call
+                   `rec.hook_ddp(ddp_model)` before training. A step's calls are those made since the previous
+                   `rec.step`; `detlab compare` names the first call whose output differs and whether its
+                   inputs matched (then the reduction order or topology made the difference). With every > 1
+                   the calls of every step are fingerprinted, those of recorded steps kept.
+      position     this rank's logical position, {"dp": i, "tp": j, "pp": k, "cp": l}, or a DeviceMesh with
+                   mesh_dim_names: runs whose ranks are numbered otherwise are compared position by position.
     """
 
     def __init__(self, out: str | os.PathLike[str] | None = None, *, server: str | None = None,
                  token: str | None = None, name: str | None = None, tags: Sequence[str] = (), every: int = 1,
                  names: named_tensors.NameFilter = None, grads: bool = False,
                  optimizer: torch.optim.Optimizer | None = None, buffers: bool = False, drift: bool = True,
-                 overwrite: bool = False, flush_timeout_s: float = 60.0) -> None:
+                 overwrite: bool = False, flush_timeout_s: float = 60.0, collectives: bool = False,
+                 position: Any = None) -> None:
         server = server or None
         self._probing: Probing | None = None
         if run_dir := os.environ.get("DETLAB_RUN_DIR"):
@@ -145,6 +185,7 @@ class Recorder:
             raise ValueError(f"tags: {explain(exc)}") from None
         if name is not None and len(name) > 255:
             raise ValueError("name is at most 255 characters")
+        self._position = position_of(position)
         if server is not None:
             upload.resolve_token(token)  # no token: say so now, not at the first step
         import torch  # the SDK's one heavy import, here rather than at `import detlab`
@@ -175,11 +216,15 @@ class Recorder:
         self._last_step: int | None = None
         self._last_call: float | None = None
         self._closed = False
+        self._tracer: CallTracer | None = None
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
         # Records already handed to the writer reach the file even if the script never calls close().
         self._atexit = _drain_at_exit(weakref.ref(self))
         atexit.register(self._atexit)
+        if collectives:  # last: nothing after it can fail and leave torch.distributed patched
+            self._tracer = CallTracer()
+            self._tracer.install()
 
     # ---- the loop's calls ---------------------------------------------------------------------------
 
@@ -217,6 +262,15 @@ class Recorder:
         sketched = self._sketcher.submit(named_tensors.local([t for _, t in kept])) if self._sketcher else None
         self._grad_pending = (step, kept, self._digester.submit([t for _, t in kept]), sketched)
 
+    def hook_ddp(self, model: torch.nn.Module) -> None:
+        """Record the allreduce of every gradient bucket of a DistributedDataParallel model (its reducer calls
+        the process group from C++, out of reach of the wrapped functions): call once, before training.
+        Needs `collectives=True`; it registers a DDP communication hook (a model takes one)."""
+        self._check_open()
+        if self._tracer is None:
+            raise ValueError("rec.hook_ddp() needs detlab.Recorder(..., collectives=True)")
+        self._tracer.hook_ddp(model)
+
     def step(self, step: int, model: torch.nn.Module, *, loss: Any = None) -> None:
         """Record the state after `step`: call after `optimizer.step()`. `loss`: a scalar tensor or number
         (recorded by its float32 bits), or None. Steps must increase; those not a multiple of `every` are
@@ -225,6 +279,7 @@ class Recorder:
         now = time.perf_counter()
         seconds = now - self._last_call if self._last_call is not None else 0.0
         self._last_call = now
+        calls = self._tracer.take() if self._tracer is not None else []
         if not self.records(step):
             return
         if self._last_step is not None and step <= self._last_step:
@@ -268,6 +323,8 @@ class Recorder:
                               step_time_s=max(seconds, 0.0), drift=_drift(sketched, grad_sketch))
 
         self._spool.put(record)
+        if calls:
+            self._spool.put(lambda: calls_record(step, rank, calls))
         self._last_step = step
 
     def close(self) -> None:
@@ -364,7 +421,8 @@ class Recorder:
         first = next(iter(self._tensors_of(model).parameters()), (None, None))[1]
         device = first.device if first is not None else torch.device("cpu")
         backend = identity.backend()
-        self._spool.put(lambda: self._env_record(who, device, backend))
+        position = self._position
+        self._spool.put(lambda: self._env_record(who, device, backend).model_copy(update={"position": position}))
         if self.server:
             opening = RecordingOpen(recording=recording, name=self.name, tags=self.tags, world_size=who.world_size)
             self._streamer = upload.Streamer(self.server, self._token, opening, path, who.rank)
@@ -389,6 +447,8 @@ class Recorder:
             return
         self._closed = True
         atexit.unregister(self._atexit)
+        if self._tracer is not None:
+            self._tracer.uninstall()
         if self._spool is None:
             return
         try:

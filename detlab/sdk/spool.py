@@ -13,9 +13,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from detlab.core.wire import EnvRecord, StepRecord, TensorsRecord
+from detlab.core.wire import CallsRecord, EnvRecord, StepRecord, TensorsRecord
 
-Record = EnvRecord | TensorsRecord | StepRecord
+Record = EnvRecord | TensorsRecord | StepRecord | CallsRecord
 Job = Callable[[], Record]
 _STOP = object()
 

@@ -22,12 +22,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from detlab.core.collective_calls import RunCalls, StepCalls
 from detlab.core.shards import DIGEST_BYTES, RankTensor
 from detlab.core.train import RunData, StepData
 from detlab.core.wire import (
     DIAGNOSIS_RECORDS,
     MAX_WORLD_SIZE,
     RECORD,
+    CallsRecord,
     EnvRecord,
     Placement,
     StepRecord,
@@ -110,7 +112,7 @@ def rank_files(out: Path) -> dict[int, Path]:
         raise RecordsError(f"{out}: cannot list: {exc.strerror or exc}") from None
 
 
-Line = EnvRecord | TensorsRecord | StepRecord | TrialRecord
+Line = EnvRecord | TensorsRecord | StepRecord | TrialRecord | CallsRecord
 
 
 def read_records(path: Path) -> Iterator[Line]:
@@ -167,9 +169,15 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
     tensors: dict[int, list[RankTensor]] = {}
     records: dict[tuple[int, int], StepData] = {}
     versions: set[str] = set()
+    positions: dict[int, dict[str, int]] = {}
+    calls: RunCalls = {}
     for rank, path in sorted(files.items()):
         for rec in read_records(path):
-            if isinstance(rec, TensorsRecord):
+            if isinstance(rec, EnvRecord) and rec.position is not None:
+                positions[rank] = rec.position
+            elif isinstance(rec, CallsRecord):
+                calls[(rec.step, rank)] = step_calls(rec)
+            elif isinstance(rec, TensorsRecord):
                 tensors[rank] = rank_tensors(rec)
             elif isinstance(rec, StepRecord):
                 if rec.rank != rank:
@@ -195,4 +203,11 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
               "running": "did not close (crashed, still running, or rec.close() was not called)"}[manifest.status]
     return RunData(run_id=run_id, workload=WORKLOAD, world_size=manifest.world_size,
                    tensors=[(t.name, t.shape, t.dtype) for t in tensors[min(tensors)]] if tensors else [],
-                   records=records, fp_versions=versions or {manifest.fp_version}, status=status, rank_tensors=tensors)
+                   records=records, fp_versions=versions or {manifest.fp_version}, status=status, rank_tensors=tensors,
+                   positions=positions, calls=calls)
+
+
+def step_calls(rec: CallsRecord) -> StepCalls:
+    """A `calls` record as the comparison reads it (detlab.core.collective_calls)."""
+    return StepCalls(calls=[(c.op, c.dtype, c.count, c.group_size) for c in rec.calls],
+                     inputs=bytes.fromhex(rec.inputs), outputs=bytes.fromhex(rec.outputs), unread=frozenset(rec.unread))

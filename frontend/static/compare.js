@@ -60,6 +60,8 @@
     banner.replaceChildren(
       el("div", { className: "banner-head" }, badge(result.verdict), el("span", { text: result.reason || "" })),
       el("dl", { className: "banner-facts" }, ...facts),
+      ...(result.collectives && result.collectives.text
+        ? [el("p", { id: "collectives", className: "note", text: result.collectives.text })] : []),
       ...result.missing.map((m) => el("p", { className: "muted", text: `missing: ${m}` })));
   }
 

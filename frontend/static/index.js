@@ -232,6 +232,7 @@
     $("steps-field").hidden = !train;
     $("world-size-field").hidden = diagnosis; // one rank per config
     $("repeats-field").hidden = diagnosis;
+    $("collectives-field").hidden = !train;
     $("collective-fields").hidden = train || diagnosis;
     diagnosisForm.sync(kind);
     $("sweep-fields").hidden = kind !== "sweep";
@@ -284,6 +285,7 @@
       world_size: common.world_size,
       steps: intValue("steps", "Steps", limits?.max_steps),
       repeats: common.repeats,
+      record_collectives: $("record-collectives").checked,
     };
   }
 
@@ -421,6 +423,7 @@
     $("world-size").value = spec.world_size;
     $("repeats").value = spec.repeats;
     if (spec.steps) $("steps").value = spec.steps;
+    $("record-collectives").checked = Boolean(spec.record_collectives);
     $("tags").value = (spec.tags || []).join(", ");
     if (spec.collective) setCollective(spec.collective);
     if (spec.diagnosis) diagnosisForm.fill(spec);

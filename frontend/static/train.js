@@ -32,6 +32,12 @@
     $("runs-compared").textContent = `#${cmp.run_a} (A) vs #${cmp.run_b} (B)`;
     $("mode").textContent = cmp.mode || "—";
 
+    // The first collective call whose output differs, and whether its inputs matched (one line, built server-side).
+    const calls = cmp.collectives;
+    $("collectives").textContent = calls && calls.text ? calls.text : "";
+    $("collectives").hidden = !(calls && calls.text);
+    $("collectives").classList.toggle("note-warn", Boolean(calls && calls.first));
+
     const tensors = cmp.first_divergent_tensors || [];
     $("divergence-block").hidden = tensors.length === 0;
     const ranks = cmp.ranks || [];

@@ -264,3 +264,35 @@ def test_a_probe_step_is_a_step_of_a_train_run(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError, match="probe_step"):
         RunSpec.model_validate(run_spec(**fields))
     assert RunSpec.model_validate(run_spec(probe_step=20)).probe_step == 20
+
+
+CALL = {"op": "all_reduce", "dtype": "float32", "count": 4, "group_size": 2}
+
+
+def calls_record(**extra: Any) -> dict[str, Any]:
+    return {"type": "calls", "step": 1, "rank": 0, "fp_version": "fp2", "calls": [CALL, CALL],
+            "inputs": "ab" * 32, "outputs": "cd" * 32, **extra}
+
+
+def test_a_calls_record_round_trips() -> None:
+    rec = RECORD.validate_python(calls_record(unread=[1]))
+    assert RECORD.validate_json(rec.model_dump_json()) == rec
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    ({"unread": [2]}, "unread names a call the record does not hold"),
+    ({"inputs": "ab" * 16}, "one digest (32 hex) per call"),
+    ({"calls": []}, "at least 1 item"),
+    ({"calls": [{**CALL, "op": "all_reduce; rm"}]}, "calls.0.op"),
+    ({"calls": [{**CALL, "group_size": 0}]}, "calls.0.group_size"),
+])
+def test_a_bad_calls_record_is_refused_naming_what(extra: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        RECORD.validate_python(calls_record(**extra))
+    assert fragment in explain(caught.value)
+
+
+@pytest.mark.parametrize("position", [{}, {"dp": -1}, {"dp": 1024}, {"1dp": 0}, {f"d{i}": 0 for i in range(9)}])
+def test_a_bad_position_is_refused(position: dict[str, int]) -> None:
+    with pytest.raises(ValidationError):
+        EnvRecord(rank=0, position=position)

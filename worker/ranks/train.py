@@ -156,7 +156,15 @@ def train(spec: RankSpec) -> None:
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     named = list(model.named_parameters())
-    spool.write(env_record(rank, device, backend))
+    tracer = None
+    if spec.record_collectives:  # every gradient bucket's allreduce, and any collective the workload calls
+        from detlab.sdk.collectives import CallTracer
+
+        tracer = CallTracer()
+        tracer.install()
+        tracer.hook_ddp(ddp)
+    # DDP replicates the whole model: a rank's logical position is its data-parallel index.
+    spool.write(env_record(rank, device, backend).model_copy(update={"position": {"dp": rank}}))
     probing = spec.probe_step is not None  # a bisect run: its tensor list is its probe's entries (Probe.records)
     if rank == 0 and not probing:
         spool.write(TensorsRecord(tensors=[
@@ -210,6 +218,10 @@ def train(spec: RankSpec) -> None:
             flip_bit(model, inject.tensor)
         if step in fingerprinted:
             record(step, loss, seconds)
+        if tracer is not None and (calls := tracer.take()) and step in fingerprinted:
+            from detlab.sdk.collectives import calls_record
+
+            spool.write(calls_record(step, rank, calls))
         if probe:
             probe.params(named)
             tensors, stepped = probe.records(step, rank, float(loss.item()), loss_bits(loss), seconds)
@@ -217,6 +229,8 @@ def train(spec: RankSpec) -> None:
                 spool.write(tensors)
             spool.write(stepped)
             break
+    if tracer is not None:
+        tracer.uninstall()
     dist.barrier()
     dist.destroy_process_group()
 
