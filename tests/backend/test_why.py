@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import SUCCEEDED, Job, Run, utcnow
 from detlab.core.settings import Settings
+from tests.backend import test_diagnosis as diagnosis
 from tests.backend.test_api import AUTH, TOKEN, make_run, step_record
 from tests.conftest import FIXTURES
 
@@ -128,6 +129,21 @@ def test_the_latest_op_audit_of_the_workload_names_the_nondeterministic_op(clien
     assert found["found"] == (f"aten::index_add_ nondeterministic (re-run: 2 distinct results in 5); job #{audit.id}, "
                               "config default on cpu")
     assert found["evidence"][0]["href"] == f"/jobs/{audit.id}" and found["source"]["same_config"] is True
+
+
+def test_an_op_audit_settled_from_its_records_is_what_the_checklist_reads(client: TestClient, session: Session,
+                                                                         settings: Settings) -> None:
+    """The contract between the two sides, end to end: an op-audit job submitted and run through the ingest API
+    (its result built by reports.diagnosis when it settles), then read by the why-report."""
+    job, _, _ = diverged_job(client, session, settings)
+    audit = diagnosis.submit(client, kind="op-audit", workload="mlp")
+    ops = [{"type": "audit-op", "op": "aten.index_add_", "count": 2, "nondeterministic": True, "alert": False,
+            "distinct": 4, "reruns": 5, "evidence": "re-run: 4 distinct results in 5 (first 2 calls)"}]
+    diagnosis.run_records(client, audit["runs"][0]["id"], [diagnosis.ENV, *ops])
+    found = item(why(client, f"/api/v1/jobs/{job.id}/why"), "ops")
+    assert found["status"] == "fail"
+    assert found["found"].startswith("aten.index_add_ nondeterministic (re-run: 4 distinct results in 5")
+    assert found["evidence"][0]["href"] == f"/jobs/{audit['id']}"
 
 
 def test_without_a_diagnosis_job_the_items_are_not_checked_with_the_form_prefilled(
