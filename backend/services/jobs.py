@@ -119,6 +119,8 @@ def _validate(data: JobCreate, settings: Settings,
         return _validate_diagnosis(data, bodies, workloads)
     if data.diagnosis is not None:
         raise InvalidJob(f"a {kind} job takes no `diagnosis` parameters")
+    if kind == "collective" and data.record_collectives:
+        raise InvalidJob("record_collectives is a train job's: a collective job fingerprints every call already")
     if kind == "collective":
         params = data.collective or CollectiveParams()
         sizes = params.sizes()
@@ -159,8 +161,8 @@ def _validate_diagnosis(data: JobCreate, bodies: list[configs.ConfigBody], workl
     spec = data.diagnosis or DiagnosisSpec()
     if data.world_size != 1 or any((b.world_size or 1) != 1 for b in bodies):
         raise InvalidJob(f"a {data.kind} job runs one rank per config: world_size must be 1")
-    if data.collective or data.sweep or data.inject_bitflip or data.steps:
-        raise InvalidJob(f"a {data.kind} job takes no collective, sweep, inject_bitflip or steps")
+    if data.collective or data.sweep or data.inject_bitflip or data.steps or data.record_collectives:
+        raise InvalidJob(f"a {data.kind} job takes no collective, sweep, inject_bitflip, steps or record_collectives")
     if data.kind == "op-audit" and spec.workload is not None and data.workload not in (None, spec.workload):
         raise InvalidJob("give the workload once: `workload` (diagnosis.workload is batch-invariance's)")
     workload = data.workload or spec.workload

@@ -103,6 +103,18 @@ def test_record_collectives_takes_a_boolean(client: TestClient) -> None:
     assert client.post("/api/v1/jobs", json=body).status_code == 422
 
 
+@pytest.mark.parametrize("body", [
+    {"kind": "collective", "configs": [{"preset": "default"}], "world_size": 2},
+    {"kind": "sweep", "configs": [{"preset": "default"}], "world_size": 2,
+     "sweep": {"over": "collective", "knobs": {"NCCL_ALGO": ["Ring", None]}}},
+    {"kind": "op-audit", "workload": "mlp", "configs": [{"preset": "default"}]},
+])
+def test_record_collectives_is_refused_where_nothing_would_record_them(client: TestClient,
+                                                                       body: dict[str, Any]) -> None:
+    resp = client.post("/api/v1/jobs", json={**body, "record_collectives": True})
+    assert resp.status_code == 422 and "record_collectives" in resp.text
+
+
 def step_of(step: int, rank: int, digests: str) -> dict:
     """A step record of two tensors: `digests` two hex digits each, repeated to a digest."""
     packed = "".join(d * 16 for d in (digests[:2], digests[2:]))
