@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import zlib
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
