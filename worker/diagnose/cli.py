@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 from pydantic import ValidationError
@@ -31,7 +29,8 @@ from detlab.core.wire import (
     Record,
     explain,
 )
-from detlab.worker.launch import RankFailed, RanksTimedOut, launch_ranks
+from detlab.worker.launch import RankFailed
+from detlab.worker.verify import launch
 
 
 class UsageError(ValueError):
@@ -129,18 +128,6 @@ def _explain(exc: ValidationError) -> str:
     """`--batch-sizes: ...` for the option a value came from (`arguments:` for a rule over several)."""
     return "; ".join(f"{'--' + str(e['loc'][0]).replace('_', '-') if e['loc'] else 'arguments'}: "
                      f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
-
-
-def launch(spec: RankSpec, *, timeout_s: float) -> list[Record]:
-    """Run the spec's one rank; every record it spooled."""
-    records: list[Record] = []
-    with tempfile.TemporaryDirectory(prefix="detlab-diagnose-") as tmp:
-        try:
-            launch_ranks(spec, Path(tmp), on_records=records.extend, timeout_s=timeout_s, poll_s=0.1,
-                         tie_to_parent=True)
-        except RanksTimedOut as exc:
-            raise RanksTimedOut(f"{exc} (raise --timeout)") from exc
-    return records
 
 
 def _env(records: list[Record]) -> EnvRecord | None:
