@@ -25,7 +25,8 @@ def test_the_readme_is_a_quickstart_with_the_two_commands_and_the_fast_tier() ->
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 150
     assert "make run " in readme and "make test " in readme and "make test-fast" in readme
-    assert (ROOT / ".ci" / "run").read_text().splitlines()[-1] == "make test"  # CI runs the README's command
+    # CI runs the README's test command, whatever else .ci/run does around it
+    assert re.search(r"^make test\b(?!-)", (ROOT / ".ci" / "run").read_text(), flags=re.M)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
