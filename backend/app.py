@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib.resources import files
 from pathlib import Path
@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, Response
 
-from detlab.backend import static
+from detlab.backend import pages, static
 from detlab.backend.api import auth, compare, diagnosis, findings, ingest, jobs, meta
 from detlab.backend.api.deps import SESSION_COOKIE, PageAccess, Reading
 from detlab.backend.figures.train import warm_up as warm_up_figures
@@ -81,31 +81,24 @@ def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> 
     def static_file(name: str, request: Request) -> Response:
         return static.static_file(request, static_dir, name, STATIC_OVERRIDES)
 
-    def page(name: str, request: Request) -> Response:
-        return static.page(request, FRONTEND / name, static_dir, STATIC_OVERRIDES)
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon(request: Request) -> Response:
+        return static.favicon(request, static_dir)
 
-    @app.get("/", include_in_schema=False, dependencies=[PageAccess])
-    def index_page(request: Request) -> Response:
-        return page("index.html", request)
-
-    @app.get("/findings", include_in_schema=False, dependencies=[PageAccess])
-    def findings_page(request: Request) -> Response:
-        return page("findings.html", request)
-
-    @app.get("/jobs", include_in_schema=False, dependencies=[PageAccess])
-    def jobs_page(request: Request) -> Response:
-        return page("jobs.html", request)
-
-    @app.get("/jobs/{job_id}", include_in_schema=False, dependencies=[PageAccess])
-    def job_page(job_id: int, request: Request) -> Response:
-        return page("job.html", request)
-
-    @app.get("/compare", include_in_schema=False, dependencies=[PageAccess])
-    def compare_page(request: Request) -> Response:
-        return page("compare.html", request)
-
-    @app.get("/login", include_in_schema=False)
-    def login_page(request: Request) -> Response:
-        return page("login.html", request)
+    for entry in pages.PAGES:  # one route per page of the table; the layout is the same for all
+        app.add_api_route(entry.path, page_route(entry, static_dir), methods=["GET"], include_in_schema=False,
+                          dependencies=[] if entry.public else [PageAccess])
 
     return app
+
+
+def page_route(entry: pages.Page, static_dir: Path) -> Callable[[Request], Response]:
+    """The handler of one page: its <main> file under frontend/, inside the shared layout."""
+
+    def handler(request: Request) -> Response:
+        path = FRONTEND / entry.body
+        html = pages.render(entry, path.read_text(encoding="utf-8"))
+        return static.page(request, path, html, static_dir, STATIC_OVERRIDES)
+
+    handler.__name__ = f"page_{entry.body.removesuffix('.html')}"
+    return handler

@@ -93,8 +93,9 @@ def static_file(request: Request, static_dir: Path, name: str, overrides: dict[s
     return respond(request, item, cache_control=IMMUTABLE if versioned else REVALIDATE)
 
 
-def page(request: Request, path: Path, static_dir: Path, overrides: dict[str, Path]) -> Response:
-    """An HTML page whose /static/ references carry their files' versions (?v=hash)."""
+def page(request: Request, path: Path, html: str, static_dir: Path, overrides: dict[str, Path]) -> Response:
+    """An HTML page (`html`, rendered from the file at `path`) whose /static/ references carry their files'
+    versions (?v=hash)."""
 
     def versioned(match: re.Match[str]) -> str:
         name = match.group(2)
@@ -103,6 +104,10 @@ def page(request: Request, path: Path, static_dir: Path, overrides: dict[str, Pa
             return match.group(0)
         return f"{match.group(1)}/static/{name}?v={asset(target).version}{match.group(3)}"
 
-    html = _REF.sub(versioned, path.read_text(encoding="utf-8"))
-    item = asset(path, html.encode())
+    item = asset(path, _REF.sub(versioned, html).encode())
     return respond(request, item, cache_control=REVALIDATE)
+
+
+def favicon(request: Request, static_dir: Path) -> Response:
+    """/favicon.ico, which browsers ask for on their own: the icon the pages link to, as an ICO."""
+    return respond(request, asset(static_dir / "favicon.ico"), cache_control=REVALIDATE)

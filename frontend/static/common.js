@@ -214,27 +214,6 @@ window.detlab = (() => {
       el("ol", { className: "why-list" }, ...report.items.map(whyItem)));
   }
 
-  // ---- the navigation every page shares --------------------------------------------------------
-
-  const NAV = [["/jobs", "jobs"], ["/", "new job"], ["/compare", "compare runs"], ["/findings", "findings"]];
-
-  function isCurrent(href) {
-    const path = window.location.pathname.replace(/\/+$/, "") || "/";
-    return href === "/" ? path === "/" : path === href || path.startsWith(`${href}/`);
-  }
-
-  // Filled into each page's <nav id="site-nav">: one list of pages, the one shown marked.
-  function renderNav() {
-    const nav = $("site-nav");
-    if (!nav) return;
-    nav.replaceChildren(...NAV.map(([href, text]) => {
-      const link = el("a", { className: "navlink", href, text });
-      if (isCurrent(href)) link.setAttribute("aria-current", "page");
-      return link;
-    }));
-  }
-  renderNav();
-
   return {
     API, $, HttpError, el, getJSON, sendJSON, formatDetail, setRows, sleep, meta,
     humanBytes, pct, formatTime, configLabel, worldSizes, jobConfigName, jobConfigLabel, badge, reproBadge,

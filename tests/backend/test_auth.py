@@ -68,6 +68,7 @@ def test_pages_send_a_browser_that_is_not_logged_in_to_the_login_page(client: Te
         resp = client.get(path, follow_redirects=False)
         assert resp.status_code == 303 and resp.headers["location"] == f"/login?next={path}"
     assert client.get("/login").status_code == 200
+    assert client.get("/favicon.ico").status_code == 200  # the login page's tab shows the icon too
 
 
 # ---- local: tokens --------------------------------------------------------------------------------------

@@ -69,3 +69,34 @@ def test_only_files_under_static_are_served(client: TestClient, path: str) -> No
 def test_api_json_is_gzipped_when_large(client: TestClient) -> None:
     resp = client.get("/openapi.json", headers=GZIP)
     assert resp.headers.get("content-encoding") == "gzip"
+
+
+def test_the_favicon_is_served_and_every_page_links_its_icon(client: TestClient) -> None:
+    resp = client.get("/favicon.ico")
+    assert resp.status_code == 200 and resp.headers["content-type"] == "image/vnd.microsoft.icon"
+    assert resp.content[:4] == b"\x00\x00\x01\x00"  # an ICO header, one image (a PNG) inside
+    page = client.get("/jobs")
+    assert client.get(versioned(page.text, "favicon.svg")).headers["content-type"].startswith("image/svg+xml")
+
+
+def test_every_page_of_the_table_is_served_in_the_one_layout(client: TestClient) -> None:
+    from detlab.backend.pages import PAGES
+
+    links = None
+    for entry in PAGES:
+        page = client.get(entry.path.replace("{job_id:int}", "7"))
+        assert page.status_code == 200, entry.path
+        assert f"<title>detlab · {entry.title}</title>" in page.text
+        assert page.text.count('<header class="topbar">') == 1 and page.text.count("<main") == 1
+        scripts = re.findall(r'<script src="/static/([^"?]+)\?v=[0-9a-f]+"></script>', page.text)
+        assert scripts[-len(entry.scripts):] == list(entry.scripts)  # every script versioned, in the table's order
+        if entry.navigation:
+            nav = re.findall(r'<a class="navlink" href="([^"]+)"( aria-current="page")?>([^<]+)</a>', page.text)
+            assert [text for _, current, text in nav if current] == [entry.section or entry.nav]
+            assert links in (None, [(href, text) for href, _, text in nav])  # the same navigation everywhere
+            links = [(href, text) for href, _, text in nav]
+    assert links == [("/jobs", "jobs"), ("/", "new job"), ("/compare", "compare runs"), ("/findings", "findings")]
+
+
+def test_a_job_page_needs_a_job_number(client: TestClient) -> None:
+    assert client.get("/jobs/seven").status_code == 404
