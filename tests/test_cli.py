@@ -73,7 +73,7 @@ def test_user_and_token_errors_are_one_line_and_exit_2(tmp_path: Path, args: lis
 
 
 def test_the_cli_sends_detlab_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    from detlab.cli import _auth_headers
+    from detlab.cli.common import auth_headers as _auth_headers
     from detlab.core.settings import get_settings
 
     get_settings.cache_clear()
