@@ -165,9 +165,9 @@ def test_submit_gates(result: dict[str, Any], kind: str, check: bool, max_cost: 
 
 
 def test_every_command_help_lists_its_own_options() -> None:
-    done = run_cli("verify-collective", "--help")  # its options belong to worker.verify's parser
-    assert done.returncode == 0 and "--world-size" in done.stdout and "--max-bytes" in done.stdout
-    for command, option in (("submit", "--max-cost"), ("upload", "--server"), ("compare", "--server")):
+    for command, option in (("submit", "--max-cost"), ("upload", "--server"), ("compare", "--server"),
+                            ("verify-collective", "--max-bytes"), ("batch-invariance", "--batch-sizes"),
+                            ("audit", "--reruns")):
         assert option in run_cli(command, "--help").stdout, command
 
 

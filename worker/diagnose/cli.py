@@ -179,12 +179,22 @@ def _print_audit(result: dict[str, Any]) -> None:
 
 def main(kind: Literal["batch-invariance", "op-audit"], argv: list[str]) -> int:
     """Entry point of `detlab batch-invariance` / `detlab audit`: 0 all clean, 1 not, 2 bad usage."""
-    prog = "batch-invariance" if kind == "batch-invariance" else "audit"
     try:
         args = (_batch_parser() if kind == "batch-invariance" else _audit_parser()).parse_args(argv)
-        spec = build_spec(kind, args)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
+    except UsageError as exc:
+        print(f"detlab {'batch-invariance' if kind == 'batch-invariance' else 'audit'}: error: {exc}", file=sys.stderr)
+        return 2
+    return run(kind, args)
+
+
+def run(kind: Literal["batch-invariance", "op-audit"], args: argparse.Namespace) -> int:
+    """The measurement for options as the parser gives them (`detlab batch-invariance / audit` pass their own):
+    0 all clean, 1 not, 2 bad usage."""
+    prog = "batch-invariance" if kind == "batch-invariance" else "audit"
+    try:
+        spec = build_spec(kind, args)
     except UsageError as exc:
         print(f"detlab {prog}: error: {exc}", file=sys.stderr)
         return 2
