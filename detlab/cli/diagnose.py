@@ -104,7 +104,9 @@ def verify_collective(
         min_bytes=_size("--min-bytes", min_bytes), max_bytes=_size("--max-bytes", max_bytes),
         step_factor=step_factor, trials=trials, warmup=warmup, seed=seed, threads=threads,
         ref_max_elems=ref_max_elems, timeout=timeout, json=as_json)
-    argv = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k != "json" and v is not None]
+    # The command line as the JSON export records it: every option as in effect.
+    argv = [f"--{k.replace('_', '-')}={','.join(v) if isinstance(v, list) else v}"
+            for k, v in vars(args).items() if k != "json" and v is not None]
     raise typer.Exit(run(args, [*argv, *(["--json"] if as_json else [])]))
 
 
