@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 import subprocess
@@ -73,7 +74,7 @@ def test_user_and_token_errors_are_one_line_and_exit_2(tmp_path: Path, args: lis
 
 
 def test_the_cli_sends_detlab_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    from detlab.cli import _auth_headers
+    from detlab.cli.common import auth_headers as _auth_headers
     from detlab.core.settings import get_settings
 
     get_settings.cache_clear()
@@ -164,9 +165,9 @@ def test_submit_gates(result: dict[str, Any], kind: str, check: bool, max_cost: 
 
 
 def test_every_command_help_lists_its_own_options() -> None:
-    done = run_cli("verify-collective", "--help")  # its options belong to worker.verify's parser
-    assert done.returncode == 0 and "--world-size" in done.stdout and "--max-bytes" in done.stdout
-    for command, option in (("submit", "--max-cost"), ("upload", "--server"), ("compare", "--server")):
+    for command, option in (("submit", "--max-cost"), ("upload", "--server"), ("compare", "--server"),
+                            ("verify-collective", "--max-bytes"), ("batch-invariance", "--batch-sizes"),
+                            ("audit", "--reruns")):
         assert option in run_cli(command, "--help").stdout, command
 
 
@@ -181,3 +182,36 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path: Path, args: list[str], fr
                           cwd=tmp_path, env={**os.environ, "DETLAB_TOKEN": "t" * 20})
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and fragment in done.stderr, done.stderr
+
+
+def test_submit_sweeps_over_train_when_asked(tmp_path: Path) -> None:
+    """`--kind sweep` sent `"over": "collective"` whatever was wanted; `--over train` sweeps the workload's
+    training (its cells are train runs, counted in steps), and the default stays collective."""
+    import httpx
+
+    from tests.e2e.conftest import Stack, stack_env, wait_for
+
+    def serving() -> bool:  # /health says 503 without a worker; the API itself answers
+        try:
+            return httpx.get(f"{stack.url}/api/v1/meta", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    port = free_port()
+    stack = Stack(url=f"http://127.0.0.1:{port}", env=stack_env(tmp_path, port), log_dir=tmp_path)
+    subprocess.run([sys.executable, "-m", "detlab.cli", "migrate"], env=stack.env, check=True, timeout=120)
+    stack.start("api", "api", "--port", str(port))  # no worker: the jobs stay queued, as submitted
+    try:
+        wait_for("the API", serving, stack, timeout=60)
+        jobs = []
+        for over in (["--over", "train"], []):
+            done = subprocess.run([sys.executable, "-m", "detlab.cli", "submit", "--server", stack.url, "--kind",
+                                   "sweep", *over, "--workload", "mlp", "--steps", "2", "--config", "default",
+                                   "--knobs", '{"OMP_NUM_THREADS": ["1", "2"]}', "--json"], env=stack.env,
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr + stack.logs()
+            jobs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    finally:
+        stack.stop()
+    assert [job["params"]["sweep"]["over"] for job in jobs] == ["train", "collective"]
+    assert jobs[0]["workload"] == "mlp" and jobs[1]["workload"] == "collective"

@@ -1,17 +1,17 @@
 """HTTP client of the ingest API, used by workers (and by the SDK in users' scripts).
 
-Bodies and replies are the wire models of detlab.core.wire."""
+Bodies and replies are the wire models of detlab.core.wire; the connection and its retries are
+detlab.core.http's, shared with the CLI."""
 
 from __future__ import annotations
 
 import base64
-import time
 import zlib
 from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, ValidationError
 
+from detlab.core import http
 from detlab.core.wire import (
     MAX_ERROR_CHARS,
     Claim,
@@ -56,34 +56,22 @@ class BadSpec(IngestError):
 
 class IngestClient:
     def __init__(self, api_url: str, token: str, *, retries: int = 8, timeout_s: float = 30.0) -> None:
-        self._http = httpx.Client(base_url=api_url.rstrip("/"), timeout=timeout_s,
-                                  headers={"Authorization": f"Bearer {token}"})
+        self._http = http.connect(api_url, token, timeout_s=timeout_s)
         self._retries = retries
 
     def _post(self, path: str, body: BaseModel) -> dict[str, Any]:
         # Every ingest call is idempotent, so retrying after a lost response is safe.
-        payload = body.model_dump(mode="json")
-        delay = 0.2
-        for attempt in range(self._retries + 1):
-            try:
-                resp = self._http.post(path, json=payload)
-            except httpx.TransportError:
-                if attempt == self._retries:
-                    raise
-            else:
-                if resp.status_code == 409:
-                    raise Stale(resp.json().get("detail", resp.text))
-                if resp.status_code == 413:
-                    raise TooLarge(f"{path}: {resp.status_code} {resp.text[:500]}")
-                if resp.status_code < 500:
-                    if resp.status_code >= 400:
-                        raise IngestError(f"{path}: {resp.status_code} {resp.text[:500]}")
-                    return resp.json()
-                if attempt == self._retries:
-                    raise Unavailable(f"{path}: {resp.status_code} {resp.text[:500]}")
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+        resp = http.send(self._http, "POST", path, json=body.model_dump(mode="json"), retries=self._retries)
+        if resp.status_code == 409:
+            raise Stale(resp.json().get("detail", resp.text))
+        if resp.status_code == 413:
+            raise TooLarge(f"{path}: {resp.status_code} {resp.text[:500]}")
+        if resp.status_code >= 500:
+            raise Unavailable(f"{path}: {resp.status_code} {resp.text[:500]}")
+        if resp.status_code >= 400:
+            raise IngestError(f"{path}: {resp.status_code} {resp.text[:500]}")
+        result: dict[str, Any] = resp.json()
+        return result
 
     def claim(self, run_id: int, worker: str) -> RunSpec:
         """Start a new attempt of the run; raises Stale when another worker owns it."""

@@ -168,6 +168,12 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse printed the usage error (2) or the help (0)
         return int(exc.code or 0)
+    return run(args, argv)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """The check for options as the parser gives them (`detlab verify-collective` passes its own); `argv` is
+    the command line recorded in the JSON export. Returns the exit code (0 reproducible, 1 not, 2 bad usage)."""
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     try:
         _check(args, under_torchrun)

@@ -6,7 +6,7 @@ config's flags, and prints a table, or one JSON object with `--json`:
   [{"op","dtype","first_break"}...], "device", "tf32", "model"}`; exit 0 when everything is invariant, 1 if not;
 - audit: `{"ops": [{"op","count","nondeterministic","evidence"}...], "ineffective": [...], "workload", "device",
   "threads", "torch_flags"}`; exit 0 when no op was found nondeterministic, 1 when one was.
-Bad arguments: one line on stderr, exit 2.
+Bad arguments: one line on stderr, exit 2. The options are parsed by the command line (detlab.cli.diagnose).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -35,53 +35,6 @@ from detlab.worker.verify import launch
 
 class UsageError(ValueError):
     """A bad command line; the message says what to change."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
-        raise UsageError(message)
-
-
-def _names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in _names(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the ops run")
-    p.add_argument("--config", default="default", help="a preset name or a config as JSON (its torch flags, "
-                   "seed and threads apply)")
-    p.add_argument("--threads", type=int, default=None, help="torch/OMP threads (default: the config's)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the rank is killed")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-
-
-def _batch_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="detlab batch-invariance", description="row 0 of a batched op against the batch-1 result")
-    p.add_argument("--ops", type=_names, default=list(diagnosis.INVARIANCE_OPS),
-                   help=f"comma-separated: {','.join(diagnosis.INVARIANCE_OPS)}")
-    p.add_argument("--dtypes", type=_names, default=["float32"],
-                   help=f"comma-separated: {','.join(diagnosis.INVARIANCE_DTYPES)}")
-    p.add_argument("--batch-sizes", type=_ints, default=list(diagnosis.DEFAULT_BATCH_SIZES))
-    p.add_argument("--features", type=int, default=256, help="features per sample (weights are features²)")
-    p.add_argument("--workload", default=None, help="also compare this workload's forward, module by module")
-    _common(p)
-    return p
-
-
-def _audit_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="detlab audit", description="every aten op of one training step, checked for determinism")
-    p.add_argument("--workload", required=True, help="a registered workload")
-    p.add_argument("--reruns", type=int, default=diagnosis.DEFAULT_RERUNS, help="re-runs per kept op call")
-    p.add_argument("--calls-per-op", type=int, default=diagnosis.DEFAULT_CALLS_PER_OP)
-    _common(p)
-    return p
 
 
 def _config(text: str) -> configs.ConfigBody:
@@ -177,14 +130,12 @@ def _print_audit(result: dict[str, Any]) -> None:
               "gave different bits on re-run")
 
 
-def main(kind: Literal["batch-invariance", "op-audit"], argv: list[str]) -> int:
-    """Entry point of `detlab batch-invariance` / `detlab audit`: 0 all clean, 1 not, 2 bad usage."""
+def run(kind: Literal["batch-invariance", "op-audit"], args: argparse.Namespace) -> int:
+    """Entry point of `detlab batch-invariance` / `detlab audit` (detlab.cli.diagnose parses the options):
+    0 all clean, 1 not, 2 bad usage."""
     prog = "batch-invariance" if kind == "batch-invariance" else "audit"
     try:
-        args = (_batch_parser() if kind == "batch-invariance" else _audit_parser()).parse_args(argv)
         spec = build_spec(kind, args)
-    except SystemExit as exc:  # --help
-        return int(exc.code or 0)
     except UsageError as exc:
         print(f"detlab {prog}: error: {exc}", file=sys.stderr)
         return 2

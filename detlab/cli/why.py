@@ -1,12 +1,17 @@
 """`detlab why JOB`: a train job's why-report from a detlab server (GET /api/v1/jobs/{id}/why), as text with
-✓/✗/? per item or as its JSON. The command itself is declared in detlab.cli."""
+✓/✗/? per item or as its JSON."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import json
+from typing import Annotated, Any
 
 import httpx
+import typer
+
+from detlab.cli.common import DEFAULT_SERVER, Server, fail, token
+from detlab.cli.root import app
+from detlab.core import http
 
 MARKS = {"pass": "✓", "fail": "✗", "not-checked": "?", "not-applicable": "-"}
 WORDS = {"pass": "pass", "fail": "fail", "not-checked": "not checked", "not-applicable": "not applicable"}
@@ -25,16 +30,16 @@ def parse_pair(value: str | None) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
-def fetch(server: str, job: int, pair: tuple[int, int] | None, headers: dict[str, str],
-          detail: Callable[[httpx.Response], str]) -> dict[str, Any]:
+def fetch(server: str, job: int, pair: tuple[int, int] | None, api_token: str | None) -> dict[str, Any]:
     """The job's why-report; ValueError with one line when the server cannot be reached or refuses."""
     params = {"a": pair[0], "b": pair[1]} if pair else {}
     try:
-        resp = httpx.get(f"{server}/api/v1/jobs/{job}/why", params=params, headers=headers, timeout=120)
+        with http.connect(server, api_token, timeout_s=120) as client:
+            resp = client.get(f"/api/v1/jobs/{job}/why", params=params)
     except httpx.TransportError as exc:
         raise ValueError(f"cannot reach {server}: {exc}") from exc
     if resp.status_code != 200:
-        raise ValueError(f"{server} answered {resp.status_code}: {detail(resp)}")
+        raise ValueError(f"{server} answered {resp.status_code}: {http.detail(resp)}")
     report: dict[str, Any] = resp.json()
     return report
 
@@ -55,3 +60,21 @@ def text(report: dict[str, Any], server: str) -> list[str]:
         lines.append(f"     {item['found']}")
         lines += [f"     evidence: {link['text']}: {server}{link['href']}" for link in item["evidence"]]
     return lines
+
+
+@app.command()
+def why(
+    job: Annotated[int, typer.Argument(help="a train job's id")],
+    pair: Annotated[str | None, typer.Option(help="two run ids of the job, I,J (default: the pair its verdict "
+                                                  "is about)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report's JSON")] = False,
+    server: Server = DEFAULT_SERVER,
+) -> None:
+    """Why two runs of a train job may part: the checklist in the order to debug it (logs, env parity,
+    nondeterministic ops, stack and topology, batch invariance), ✓ pass, ✗ fail, ? not checked, - not
+    applicable, each with its evidence. Exit 0 with the report, 2 on any error."""
+    try:
+        report = fetch(server.rstrip("/"), job, parse_pair(pair), token())
+    except ValueError as exc:
+        fail(str(exc))
+    typer.echo(json.dumps(report) if as_json else "\n".join(text(report, server.rstrip("/"))))
