@@ -390,7 +390,7 @@ def token_revoke(token_id: Annotated[int, typer.Argument(help="the token's id (`
 
 
 def _checkpoint_fingerprints(path: Path, certificates: bool, version: str) -> dict[str, dict[str, Any]]:
-    from detlab.worker.checkpoint import CheckpointError, fingerprints
+    from detlab.tensors.checkpoint import CheckpointError, fingerprints
 
     try:
         return fingerprints(path, certificates=certificates, version=version)
@@ -435,7 +435,7 @@ def diff(
     tensor cannot be read (a CI gate). Tensors are compared by dtype, shape and digest: fp2 under a random key
     drawn for this run, so collisions prepared against fp2's public constants do not carry over, or with
     --strict sha256 (docs/fingerprint.md, "Threat model")."""
-    from detlab.worker.checkpoint import CheckpointError, diff_files
+    from detlab.tensors.checkpoint import CheckpointError, diff_files
 
     try:
         result = diff_files(a, b, strict=strict)
@@ -712,9 +712,9 @@ def upload(
     the server lacks, on the same run. Exit 0 when sent, 2 on any error."""
     import httpx
 
+    from detlab.core.ingest_client import IngestError
     from detlab.sdk.store import RecordsError
     from detlab.sdk.upload import upload as send
-    from detlab.worker.client import IngestError
 
     try:
         done = send(out, server.rstrip("/"), name=name)

@@ -1,6 +1,6 @@
 """The stats and count sketch (detlab.core.sketch, `cs1`) of CUDA tensors in one Triton launch per dtype.
 
-worker/drift.py's torch pass copies every element into a float64 scratch matrix and reads it three times (about
+detlab/tensors/drift.py's torch pass copies every element into a float64 scratch matrix and reads it three times (about
 36 bytes of traffic per float32 element); this kernel reads each element once where it lies. One program takes
 one row of COLUMNS elements of one tensor, gathered bucket by bucket (the row stays in cache, so each element
 is read from memory once), converts it to float64 and writes the row's K signed bucket sums
