@@ -6,7 +6,7 @@ one row of COLUMNS elements of one tensor, gathered bucket by bucket (the row st
 is read from memory once), converts it to float64 and writes the row's K signed bucket sums
 (already rotated by the row's bucket, so they add up per tensor), its sum, sum of squares and max |x|. The
 rows are then added per tensor as the torch pass adds them. Same map, same float64 accumulation: the results
-equal the torch pass's and the numpy reference's up to float64 rounding (tests/worker/test_drift.py).
+equal the torch pass's and the numpy reference's up to float64 rounding (tests/tensors/test_drift.py).
 """
 
 from __future__ import annotations

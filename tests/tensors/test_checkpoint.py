@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from tests.worker.test_fingerprint import three_word_collision
+from tests.tensors.test_fingerprint import three_word_collision
 
 from detlab.tensors import fingerprint as fp
 from tests.conftest import ROOT
