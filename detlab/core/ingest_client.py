@@ -1,6 +1,6 @@
-"""HTTP client of the ingest API, used by workers (and by the SDK in users' scripts).
+"""HTTP client of the ingest API, used by workers and by the SDK in users' scripts (one ingest path).
 
-Bodies and replies are the wire models of detlab.core.wire."""
+It lives in the core, below both, because it needs only httpx and the wire models of detlab.core.wire."""
 
 from __future__ import annotations
 
