@@ -111,6 +111,20 @@ def test_the_import_reader_sees_lazy_relative_and_type_only_imports() -> None:
     assert ("detlab.tensors.fingerprint.triton_impl", "triton.language") in found  # a GPU-only module, read all
     assert ("detlab.sdk.recorder", "torch") in found  # inside a method
 
+
+def test_a_lazy_import_across_the_layers_is_a_crossing(tmp_path: Path) -> None:
+    for name, text in {"detlab/__init__.py": "", "detlab/sdk/__init__.py": "", "detlab/tensors/__init__.py": "",
+                       "detlab/sdk/rec.py": "def f():\n    from detlab.worker import client\n",
+                       "detlab/tensors/fp.py": "def g():\n    if True:\n        import fastapi\n",
+                       "worker/__init__.py": "", "worker/client.py": "from ..sdk import rec\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = crossings(tmp_path)
+    assert found["sdk"] == ["detlab/sdk/rec.py:2: detlab.sdk.rec -> detlab.worker.client"]
+    assert found["torch layer"] == ["detlab/tensors/fp.py:3: detlab.tensors.fp -> fastapi"]
+    assert found["worker"] == ["worker/client.py:1: detlab.worker.client -> detlab.sdk.rec"]
+
+
 # Imports packages (with "walk": every module in them), then prints the top-level and detlab modules loaded.
 PROBE = """
 import importlib, json, pkgutil, sys
