@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from tests.tensors.test_fingerprint import three_word_collision
 
 from detlab.tensors import fingerprint as fp
 from tests.conftest import ROOT
+from tests.tensors.test_fingerprint import three_word_collision
 
 
 def detlab(*args: str) -> subprocess.CompletedProcess[str]:
