@@ -93,8 +93,8 @@ def _plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], device: torch
             first = np.arange(rows, dtype=np.int64) * sketch.COLUMNS
             b2, s2 = sketch.row_map(indices[i], rows)
             addrs, counts = t.data_ptr() + first * t.element_size(), np.minimum(n - first, sketch.COLUMNS)
-            for part, values in zip(parts, (addrs, counts, b2.astype(np.int32), s2, np.full(rows, i, dtype=np.int64)),
-                                    strict=True):
+            columns: tuple[np.ndarray, ...] = (addrs, counts, b2.astype(np.int32), s2, np.full(rows, i, dtype=np.int64))
+            for part, values in zip(parts, columns, strict=True):
                 part.append(values)
         if parts[0]:
             groups.append(_Group(DTYPES[dtype], [torch.from_numpy(np.concatenate(p)).to(device) for p in parts]))
