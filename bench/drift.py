@@ -1,4 +1,4 @@
-"""What the drift statistics and sketches (detlab.core.sketch, detlab.worker.drift) cost on GPT-2-small training,
+"""What the drift statistics and sketches (detlab.core.sketch, detlab.tensors.drift) cost on GPT-2-small training,
 against the digests-only recorder in the same run.
 
 Interleaved blocks of training steps (A B C C B A ...), one mode per block:
@@ -34,8 +34,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import detlab
 from detlab.core import sketch
-from detlab.worker import fingerprint as fp
-from detlab.worker.drift import Sketcher
+from detlab.tensors import fingerprint as fp
+from detlab.tensors.drift import Sketcher
 
 MODES = ("baseline", "digests", "drift")
 

@@ -1,10 +1,10 @@
-"""Benchmark and self-check for fp1 tensor fingerprints (detlab.worker.fingerprint).
+"""Benchmark and self-check for fp1 tensor fingerprints (detlab.tensors.fingerprint).
 
     PYTHONPATH=. python3 bench/fingerprint.py [--cpu-only] [--json PATH]   # timings (+ a quick check)
     PYTHONPATH=. python3 bench/fingerprint.py --check                    # triton/torch vs numpy only
     PYTHONPATH=. python3 bench/fingerprint.py --baseline DIR             # also time an older copy of the package
 
-`--baseline DIR` loads DIR/__init__.py (a copy of worker/fingerprint from another commit) as a package and
+`--baseline DIR` loads DIR/__init__.py (a copy of detlab/tensors/fingerprint from another commit) as a package and
 times its Triton path next to the current one on the same tensors, for before/after figures from one run.
 
 GPU timings use CUDA events after warm-up; every figure is a median with min/max and IQR over repeats.
@@ -36,14 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detlab.worker.fingerprint import (
+from detlab.tensors.fingerprint import (
     fingerprint,
     fingerprint_bytes,
     fingerprint_many,
     implementation_name,
     tensor_bytes,
 )
-from detlab.worker.fingerprint.torch_impl import fingerprint_torch
+from detlab.tensors.fingerprint.torch_impl import fingerprint_torch
 
 DTYPES = [
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
@@ -62,7 +62,7 @@ def load_baseline(path: str) -> ModuleType:
     init = Path(path) / "__init__.py"
     spec = importlib.util.spec_from_file_location("fp_baseline", init, submodule_search_locations=[path])
     if spec is None or spec.loader is None or not init.exists():
-        raise SystemExit(f"--baseline {path}: no __init__.py there; give a copy of worker/fingerprint")
+        raise SystemExit(f"--baseline {path}: no __init__.py there; give a copy of detlab/tensors/fingerprint")
     module = importlib.util.module_from_spec(spec)
     sys.modules["fp_baseline"] = module
     spec.loader.exec_module(module)
@@ -162,7 +162,7 @@ def run_check(full: bool) -> tuple[list[str], dict[str, Any]]:
     }
     if device == "cuda":
         try:
-            from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+            from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
         except ImportError as exc:
             print(f"  triton not importable ({exc}): Triton kernel NOT checked")
         else:
@@ -244,8 +244,8 @@ def bench_gpu_buffer(res: dict[str, Any]) -> None:
     x = torch.randn(GiB, device="cuda", dtype=torch.bfloat16)  # 2 GiB
     nbytes = 2 * GiB
     if implementation_name("cuda") == "triton":
-        from detlab.worker.fingerprint import triton_impl
-        from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+        from detlab.tensors.fingerprint import triton_impl
+        from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
 
         res["triton fingerprint"] = bandwidth(nbytes, time_cuda(lambda: fingerprint_many_triton([x]), 20))
 
@@ -288,7 +288,7 @@ def bench_model(res: dict[str, Any]) -> None:
     res["tensors"] = len(fp32)
     res["bf16 one multi-tensor call"] = spread(time_cuda(lambda: fingerprint_many(bf16), 20))
     if implementation_name("cuda") == "triton":
-        from detlab.worker.fingerprint import triton_impl
+        from detlab.tensors.fingerprint import triton_impl
 
         prepared = triton_impl.plan(bf16)
         res["bf16 kernel only (planned launch)"] = spread(time_cuda(lambda: triton_impl.launch(prepared), 20))
@@ -336,10 +336,10 @@ def bench_model(res: dict[str, Any]) -> None:
     for _ in range(3):
         after_step()
     res["fp32 params right after a step"] = spread([after_step() for _ in range(10)])
-    # The same, queued as detlab.Recorder queues it (detlab.sdk.digests): the loop's stream pays the span from
+    # The same, queued as detlab.Recorder queues it (detlab.tensors.digests): the loop's stream pays the span from
     # the step's end to the copy of the lane sums; the host pays the submit call; the digests are read later,
     # off the loop. The synchronous figure above also holds the host's wake-up after a 75 ms wait.
-    from detlab.sdk.digests import Digester
+    from detlab.tensors.digests import Digester
 
     digester = Digester()
     host: list[float] = []
@@ -373,7 +373,7 @@ def bench_configs(res: dict[str, Any]) -> None:
     if implementation_name("cuda") != "triton":
         print("  (Triton unavailable: no configurations to time)")
         return
-    from detlab.worker.fingerprint import triton_impl
+    from detlab.tensors.fingerprint import triton_impl
 
     x = torch.randn(GiB, device="cuda", dtype=torch.bfloat16)  # 2 GiB
     nbytes = 2 * GiB

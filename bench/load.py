@@ -45,8 +45,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from detlab.core.ingest_client import IngestClient
 from detlab.core.wire import EnvRecord, Record, StepRecord, TensorInfo, TensorsRecord, WorkerCapacity, WorkerInfo
-from detlab.worker.client import IngestClient
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}

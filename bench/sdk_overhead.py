@@ -20,7 +20,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import detlab
 from detlab.sdk import load_run
-from detlab.worker.fingerprint import FP_VERSION, fingerprint_many, implementation_name
+from detlab.tensors.fingerprint import FP_VERSION, fingerprint_many, implementation_name
 
 dev = torch.device("cuda", 0)
 print("device", torch.cuda.get_device_name(dev), "torch", torch.__version__, "impl", implementation_name(dev))

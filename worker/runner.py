@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 from detlab.core.configs import env_error
+from detlab.core.ingest_client import BadSpec, IngestClient, Stale
 from detlab.core.wire import RankSpec, Record, RunSpec
-from detlab.worker.client import BadSpec, IngestClient, Stale
 from detlab.worker.launch import RankFailed, RanksStopped, launch_ranks
 from detlab.worker.scripts import registered
 

@@ -10,10 +10,10 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
 from detlab.core.broker import EXECUTE_RUN, celery_conf
+from detlab.core.ingest_client import IngestClient
 from detlab.core.settings import get_settings
 from detlab.core.wire import WorkerInfo
 from detlab.worker import runner
-from detlab.worker.client import IngestClient
 from detlab.worker.launch import node_capacity
 from detlab.worker.workloads import describe
 

@@ -13,7 +13,7 @@ from detlab.cli.root import app
 
 
 def _checkpoint_fingerprints(path: Path, certificates: bool, version: str) -> dict[str, dict[str, Any]]:
-    from detlab.worker.checkpoint import CheckpointError, fingerprints
+    from detlab.tensors.checkpoint import CheckpointError, fingerprints
 
     try:
         return fingerprints(path, certificates=certificates, version=version)
@@ -58,7 +58,7 @@ def diff(
     tensor cannot be read (a CI gate). Tensors are compared by dtype, shape and digest: fp2 under a random key
     drawn for this run, so collisions prepared against fp2's public constants do not carry over, or with
     --strict sha256 (docs/fingerprint.md, "Threat model")."""
-    from detlab.worker.checkpoint import CheckpointError, diff_files
+    from detlab.tensors.checkpoint import CheckpointError, diff_files
 
     try:
         result = diff_files(a, b, strict=strict)

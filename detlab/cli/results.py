@@ -24,9 +24,9 @@ def upload(
     the server lacks, on the same run. Exit 0 when sent, 2 on any error."""
     import httpx
 
+    from detlab.core.ingest_client import IngestError
     from detlab.sdk.store import RecordsError
     from detlab.sdk.upload import upload as send
-    from detlab.worker.client import IngestError
 
     try:
         done = send(out, server.rstrip("/"), name=name)

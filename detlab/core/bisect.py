@@ -1,7 +1,7 @@
 """Bisect: where in one training step two runs first part, module by module. Pure; no torch, no database.
 
 A `bisect` run replays a train run up to its probe step (the pair's first divergent step) and records that step
-as one tensor list of *entries*, in the order the step produced them (worker/probe.py):
+as one tensor list of *entries*, in the order the step produced them (detlab/tensors/probe.py):
 
     state:MOD                 MOD's own parameters and buffers as the step starts (one entry per module, in
                               named_modules order: the module tree; the dtype field holds the module's class)

@@ -1,7 +1,7 @@
 """The collective calls of two training runs, lined up: the first call whose output differs, and why.
 
 Each rank records, per step, every collective call in order (`seq`) with digests of its input and output
-(detlab.sdk.collectives). Two runs are compared call by call at the same (step, seq) on the same comparison
+(detlab.tensors.collectives). Two runs are compared call by call at the same (step, seq) on the same comparison
 slot (the same rank, or the same logical position: detlab.core.positions). At the first call whose output
 differs: if its input matched on every slot, the difference was made by the collective itself ("inputs matched
 → reduction order/topology"), and the NCCL algorithm, protocol and channels the runs' logs show for that message

@@ -18,7 +18,7 @@ sign s1(c) from mix64(SEED ^ c); row r of tensor t has b2(t, r) and s2(t, r) fro
 The element's bucket is (b1 + b2) mod K and its sign s1 * s2. Two distinct elements differ in their column
 or their row, so their signs are uncorrelated whatever their buckets: the estimate is unbiased. It is a
 matrix product with a COLUMNS × K signed one-hot matrix, then a rotation of each row's K sums: memory-bound
-on a GPU, one float64 copy of the data in chunks (detlab.worker.drift). Float64 accumulation keeps the
+on a GPU, one float64 copy of the data in chunks (detlab.tensors.drift). Float64 accumulation keeps the
 sketch's own rounding (~1e-16 relative) far below the differences it measures (1e-7 in fp32, 1e-3 in bf16).
 
 Pure numpy: the reference that the torch implementation is tested against, the packing, and the estimator.

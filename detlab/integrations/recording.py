@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from detlab.sdk.tensors import NameFilter
+from detlab.tensors.named import NameFilter
 
 if TYPE_CHECKING:
     import torch

@@ -1,7 +1,7 @@
 """detlab.Recorder in a registered script that a worker runs as a bisect (DETLAB_PROBE_STEP set by the worker).
 
 As the built-in ranks do (worker/ranks/train.py): each step before the probe step is recorded by its model digest
-alone; `rec.step(N-1, ...)` puts the hooks on every module (worker/probe.py), so they see step N's forward and
+alone; `rec.step(N-1, ...)` puts the hooks on every module (detlab/tensors/probe.py), so they see step N's forward and
 backward; `rec.step(N, ...)` adds the loss, the gradients and the parameters and writes the probe's entry list and
 step record; later steps are not recorded. Scripts give the loss at `rec.step`, so their `loss` entry comes after
 the backward calls (the same in both runs, which is all a comparison needs).
@@ -17,9 +17,9 @@ from detlab.core.wire import StepRecord
 if TYPE_CHECKING:
     import torch
 
-    from detlab.sdk.digests import Digester
     from detlab.sdk.spool import Job
-    from detlab.worker.probe import Probe
+    from detlab.tensors.digests import Digester
+    from detlab.tensors.probe import Probe
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -38,8 +38,8 @@ class Probing:
     def step(self, *, step: int, model: torch.nn.Module, loss: Any, seconds: float, rank: int,
              put: Callable[[Job], None], digester: Digester, loss_bits: Callable[[float | None], str],
              ) -> None:
-        from detlab.worker import fingerprint as fp
-        from detlab.worker.probe import Probe
+        from detlab.tensors import fingerprint as fp
+        from detlab.tensors.probe import Probe
 
         if step > self.probe_step:
             return

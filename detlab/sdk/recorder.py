@@ -4,7 +4,7 @@ and, in online mode, streamed to a detlab server as they are written (detlab.sdk
 It writes what the built-in training ranks write (detlab.worker.ranks.train): per rank an `env` record, a
 `tensors` record and one `step` record per recorded step, so that the same comparison applies. The layout
 of the directory is in detlab.sdk.store; how digests are taken without stalling the loop, in
-detlab.sdk.digests.
+detlab.tensors.digests.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from detlab.core.wire import (
     explain,
 )
 from detlab.sdk import identity, store, upload
-from detlab.sdk import tensors as named_tensors
-from detlab.sdk.collectives import CallTracer, calls_record
-from detlab.sdk.digests import Digester, Pending, read_scalar
 from detlab.sdk.probing import Probing
 from detlab.sdk.spool import Spool
+from detlab.tensors import named as named_tensors
+from detlab.tensors.collectives import CallTracer, calls_record
+from detlab.tensors.digests import Digester, Pending, read_scalar
 
 if TYPE_CHECKING:
     import torch
@@ -141,7 +141,7 @@ class Recorder:
                    recorded tensor (detlab.core.sketch): the comparison then estimates how far the runs drift
                    apart (‖A−B‖/‖A‖ per step). On by default; False records digests only.
       overwrite    replace a recording already in `out` instead of refusing to start.
-      collectives  also fingerprint every collective call's input and output (detlab.sdk.collectives): the
+      collectives  also fingerprint every collective call's input and output (detlab.tensors.collectives): the
                    torch.distributed functions are wrapped from now until `close()`; for DDP call
                    `rec.hook_ddp(ddp_model)` before training. A step's calls are those made since the previous
                    `rec.step`; `detlab compare` names the first call whose output differs and whether its
@@ -168,7 +168,7 @@ class Recorder:
                 self._probing, every = Probing(int(probe_step)), 1
             if flags := os.environ.get("DETLAB_TORCH_FLAGS"):
                 from detlab.core.configs import TorchFlags
-                from detlab.worker.ranks.train import apply_torch_flags
+                from detlab.tensors.stack import apply_torch_flags
 
                 apply_torch_flags(TorchFlags.model_validate_json(flags))
         if server is not None and not server.startswith(("http://", "https://")):
@@ -202,7 +202,7 @@ class Recorder:
         self._digester = Digester()
         self._sketcher: Any = None
         if drift:
-            from detlab.worker.drift import Sketcher
+            from detlab.tensors.drift import Sketcher
 
             self._sketcher = Sketcher()
         self._who: Identity | None = None
@@ -311,7 +311,7 @@ class Recorder:
         rank = self._who.rank
 
         def record() -> StepRecord:
-            from detlab.worker import fingerprint as fp
+            from detlab.tensors import fingerprint as fp
 
             found = digests.result() + (grad_digests.result() if grad_digests is not None else [])
             packed = b"".join(fp.digest_to_bytes(d) for d in found)
@@ -395,7 +395,7 @@ class Recorder:
             return
         import torch
 
-        from detlab.worker import fingerprint as fp
+        from detlab.tensors import fingerprint as fp
 
         who = identity.current()
         recording = (upload.shared_recording_id(who.rank, who.world_size) if self.server
@@ -430,7 +430,7 @@ class Recorder:
     @staticmethod
     def _env_record(who: Identity, device: torch.device, backend: str | None) -> EnvRecord:
         # Runs on the writer thread: nvidia-smi stays off the loop.
-        from detlab.worker.ranks.train import env_record
+        from detlab.tensors.stack import env_record
 
         record = env_record(who.rank, device, backend or "")
         return record.model_copy(update={"backend": backend})  # None: no process group

@@ -23,7 +23,7 @@ from detlab.core.wire import RECORD, Record, RecordingOpen
 from detlab.sdk import store
 
 if TYPE_CHECKING:
-    from detlab.worker.client import IngestClient
+    from detlab.core.ingest_client import IngestClient
 
 # Records per request; the client halves a batch the server finds too large.
 BATCH = 200
@@ -75,7 +75,7 @@ def resolve_token(token: str | None) -> str:
 
 
 def client(server: str, token: str | None, *, retries: int = 2) -> IngestClient:
-    from detlab.worker.client import IngestClient
+    from detlab.core.ingest_client import IngestClient
 
     return IngestClient(server, resolve_token(token), retries=retries, timeout_s=30.0)
 
@@ -106,7 +106,7 @@ class Tail:
 
 
 def _retryable(exc: BaseException) -> bool:
-    from detlab.worker.client import Unavailable
+    from detlab.core.ingest_client import Unavailable
 
     return isinstance(exc, httpx.TransportError | Unavailable)
 

@@ -15,7 +15,7 @@ from detlab.core.settings import Settings
 
 TOKEN = "t" * 32
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-# A probe's entries as worker/probe.py writes them, for a Sequential(Linear, ReLU) (shapes need only agree).
+# A probe's entries as detlab/tensors/probe.py writes them, for a Sequential(Linear, ReLU) (shapes need only agree).
 ENTRIES = ["state:", "state:0", "state:1", "fwd:#0:in0", "fwd:0#0:in0", "fwd:0#0:out0", "fwd:1#0:in0",
            "fwd:1#0:out0", "fwd:#0:out0", "loss", "grad:0.weight", "param:0.weight"]
 TYPES = {"state:": "Sequential", "state:0": "Linear", "state:1": "ReLU"}

@@ -15,7 +15,7 @@ def probe(*modules: tuple[str, str], calls: list[str]) -> list[Row]:
     return [(f"state:{name}", [1], kind) for name, kind in modules] + [(c, [4], "float32") for c in calls]
 
 
-# A Sequential of Linear, ReLU, Linear, as worker/probe.py records it: pre-hooks (inputs) before post-hooks.
+# A Sequential of Linear, ReLU, Linear, as detlab/tensors/probe.py records it: pre-hooks (inputs) before post-hooks.
 MLP = probe(("", "Sequential"), ("0", "Linear"), ("1", "ReLU"), ("2", "Linear"), calls=[
     "fwd:#0:in0", "fwd:0#0:in0", "fwd:0#0:out0", "fwd:1#0:in0", "fwd:1#0:out0", "fwd:2#0:in0", "fwd:2#0:out0",
     "fwd:#0:out0", "loss", "bwd:#0:gout0", "bwd:2#0:gout0", "bwd:2#0:gin0", "bwd:1#0:gout0", "bwd:1#0:gin0",

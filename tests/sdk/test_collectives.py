@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 import detlab
-from detlab.sdk.collectives import WRAPPED
-from detlab.worker.fingerprint import fingerprint
+from detlab.tensors.collectives import WRAPPED
+from detlab.tensors.fingerprint import fingerprint
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_collectives.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"

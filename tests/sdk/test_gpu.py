@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import detlab
-from detlab.worker.fingerprint import FP_VERSION, fingerprint_many
+from detlab.tensors.fingerprint import FP_VERSION, fingerprint_many
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

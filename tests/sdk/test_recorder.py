@@ -15,7 +15,7 @@ import torch
 
 import detlab
 from detlab.sdk import load_run
-from detlab.worker.fingerprint import FP_VERSION, fingerprint_many
+from detlab.tensors.fingerprint import FP_VERSION, fingerprint_many
 
 
 def make_model() -> torch.nn.Module:

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from detlab.core.ingest_client import IngestClient, TooLarge
 from detlab.core.settings import Settings
 from detlab.core.wire import StepRecord, TensorInfo, TensorsRecord
-from detlab.worker.client import IngestClient, TooLarge
 from tests.conftest import free_port
 
 TOKEN = "t" * 32

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from detlab.core.ingest_client import BadSpec
 from detlab.core.wire import RankSpec, RunSpec, StepRecord
 from detlab.worker import launch, runner
-from detlab.worker.client import BadSpec
 from detlab.worker.launch import RankFailed, RanksStopped, RanksTimedOut, SpoolReader, launch_ranks, torchrun_env
 from detlab.worker.runner import child_env
 

@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from detlab.core.diagnosis import EVIDENCE_CHARS
 from detlab.core.wire import AuditOpRecord
-from detlab.worker import fingerprint as fp
+from detlab.tensors import fingerprint as fp
 
 MAX_KEPT_BYTES = 256 << 20  # inputs kept for re-runs, over all calls
 # PyTorch's alerts (warn_only): an op without a deterministic kernel here, and cuBLAS without a fixed workspace

@@ -33,8 +33,9 @@ import torch.distributed as dist
 
 from detlab.core.collective import DTYPE_BYTES, op_geometry
 from detlab.core.wire import RankSpec, TrialRecord
-from detlab.worker import fingerprint as fp
-from detlab.worker.ranks.train import Spool, apply_torch_flags, env_record, pick_device
+from detlab.tensors import fingerprint as fp
+from detlab.tensors.stack import apply_torch_flags, env_record
+from detlab.worker.ranks.train import Spool, pick_device
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PRECISION = {"float32": 24, "bfloat16": 8, "float16": 11}  # significand bits

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import random
 import struct
 import sys
@@ -24,69 +23,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from detlab.core.configs import ENV_PREFIXES, ENV_VALIDATORS, TorchFlags
 from detlab.core.train import recorded_steps
-from detlab.core.wire import Drift, EnvRecord, RankSpec, Record, StepRecord, TensorInfo, TensorsRecord, TorchFacts
-from detlab.worker import fingerprint as fp
-from detlab.worker.drift import Sketcher
-from detlab.worker.probe import Probe
+from detlab.core.wire import Drift, RankSpec, Record, StepRecord, TensorInfo, TensorsRecord
+from detlab.tensors import fingerprint as fp
+from detlab.tensors.drift import Sketcher
+from detlab.tensors.probe import Probe
+from detlab.tensors.stack import apply_torch_flags, env_record
 from detlab.worker.workloads import registry
-
-
-def apply_torch_flags(flags: TorchFlags) -> None:
-    torch.use_deterministic_algorithms(flags.deterministic_algorithms)
-    torch.backends.cudnn.deterministic = flags.cudnn_deterministic
-    torch.backends.cudnn.benchmark = flags.cudnn_benchmark
-    torch.backends.cuda.matmul.allow_tf32 = flags.allow_tf32
-    torch.backends.cudnn.allow_tf32 = flags.allow_tf32
-
-
-def effective_torch_flags() -> TorchFacts:
-    """What torch reports at run time, to set beside what the config requested."""
-    return TorchFacts(
-        deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
-        cudnn_deterministic=torch.backends.cudnn.deterministic,
-        cudnn_benchmark=torch.backends.cudnn.benchmark,
-        allow_tf32=torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32,
-        num_threads=torch.get_num_threads(),
-    )
-
-
-def effective_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k in ENV_VALIDATORS or k.startswith(ENV_PREFIXES)}
-
-
-def env_record(rank: int, device: torch.device, backend: str) -> EnvRecord:
-    """This rank's stack: host, device, driver and library versions, environment and torch flags in effect."""
-    cuda = device.type == "cuda"
-    nccl = None
-    if cuda and hasattr(torch.cuda, "nccl"):
-        v = torch.cuda.nccl.version()
-        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    driver = None
-    if cuda:
-        try:
-            import subprocess
-
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10)
-            driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-        except (OSError, subprocess.SubprocessError):
-            driver = None
-    return EnvRecord(
-        rank=rank,
-        host=platform.node(),
-        device=torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.processor() or platform.machine()})",
-        driver=driver,
-        cuda=torch.version.cuda if cuda else None,
-        hip=getattr(torch.version, "hip", None),
-        torch=torch.__version__,
-        nccl=nccl,
-        backend=backend,
-        fingerprint_impl=fp.implementation_name(device),
-        effective_env=effective_env(),
-        torch_flags=effective_torch_flags(),
-    )
 
 
 def loss_bits(loss: torch.Tensor) -> str:
@@ -108,7 +51,7 @@ def flip_bit(model: torch.nn.Module, tensor_name: str) -> None:
 
 
 def drift_of(found: tuple[bytes, bytes] | None) -> Drift | None:
-    """The step record's drift data from detlab.worker.drift's (stats, sketch); None where there is none."""
+    """The step record's drift data from detlab.tensors.drift's (stats, sketch); None where there is none."""
     return Drift(stats=found[0].hex(), sketch=found[1].hex()) if found is not None else None
 
 
@@ -158,7 +101,7 @@ def train(spec: RankSpec) -> None:
     named = list(model.named_parameters())
     tracer = None
     if spec.record_collectives:  # every gradient bucket's allreduce, and any collective the workload calls
-        from detlab.sdk.collectives import CallTracer
+        from detlab.tensors.collectives import CallTracer
 
         tracer = CallTracer()
         tracer.install()
@@ -219,7 +162,7 @@ def train(spec: RankSpec) -> None:
         if step in fingerprinted:
             record(step, loss, seconds)
         if tracer is not None and (calls := tracer.take()) and step in fingerprinted:
-            from detlab.sdk.collectives import calls_record
+            from detlab.tensors.collectives import calls_record
 
             spool.write(calls_record(step, rank, calls))
         if probe:

@@ -7,7 +7,7 @@ is read when the returned work is waited for) and `uninstall()` puts the origina
 group from C++, so DDP models are watched through a communication hook (`hook_ddp`) that fingerprints each
 bucket's input and its allreduced output.
 
-Digests are queued where the tensors live, through a Digester of its own (detlab.sdk.digests): on CUDA the
+Digests are queued where the tensors live, through a Digester of its own (detlab.tensors.digests): on CUDA the
 input's digest is queued on the current stream before the collective (which waits for that stream), the output's
 after the collective's work is waited for, and both are read on the recorder's writer thread; there is no host
 sync per call. What is not seen: collectives called through names bound before `install()` (`from
@@ -29,7 +29,7 @@ from detlab.core.wire import MAX_CALLS, CallInfo, CallsRecord
 if TYPE_CHECKING:
     import torch
 
-    from detlab.sdk.digests import Digester, Pending
+    from detlab.tensors.digests import Digester, Pending
 
 # torch.distributed function -> (its input argument, its output argument); in-place ops name one argument twice.
 WRAPPED: dict[str, tuple[str, str]] = {
@@ -62,7 +62,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def _one(digests: list[str]) -> str:
     """A call's digest: its tensor's, or for a list of tensors the digest of their packed digests."""
-    from detlab.worker import fingerprint as fp
+    from detlab.tensors import fingerprint as fp
 
     if len(digests) == 1:
         return digests[0]
@@ -94,7 +94,7 @@ class CallTracer:
     """Records the collective calls of one process, step by step (`take()` hands over a step's calls)."""
 
     def __init__(self, digester: Digester | None = None) -> None:
-        from detlab.sdk.digests import Digester
+        from detlab.tensors.digests import Digester
 
         self._digester = digester or Digester(kept=KEPT_BUFFERS)
         self._calls: list[Call] = []
@@ -231,7 +231,7 @@ class CallTracer:
 
 def calls_record(step: int, rank: int, calls: list[Call]) -> CallsRecord:
     """A step's calls as one `calls` record (waits for their digests: call it on the writer thread)."""
-    from detlab.worker import fingerprint as fp
+    from detlab.tensors import fingerprint as fp
 
     inputs, outputs, unread = [], [], []
     for seq, call in enumerate(calls):

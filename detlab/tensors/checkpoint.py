@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-from detlab.worker import fingerprint as fp
+from detlab.tensors import fingerprint as fp
 
 
 class CheckpointError(ValueError):

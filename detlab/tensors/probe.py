@@ -19,7 +19,7 @@ from torch.utils.hooks import RemovableHandle
 
 from detlab.core.bisect import call_entry
 from detlab.core.wire import StepRecord, TensorInfo, TensorsRecord
-from detlab.worker import fingerprint as fp
+from detlab.tensors import fingerprint as fp
 
 MAX_NAME = 255  # TensorInfo.name
 

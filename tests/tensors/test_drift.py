@@ -1,4 +1,4 @@
-"""The batched torch statistics and sketches (detlab.worker.drift) equal the element-by-element reference
+"""The batched torch statistics and sketches (detlab.tensors.drift) equal the element-by-element reference
 (detlab.core.sketch) for every dtype, across chunk boundaries, and are deterministic on CPU."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from detlab.core import sketch
-from detlab.worker import drift
+from detlab.tensors import drift
 
 
 def tensors() -> list[torch.Tensor]:

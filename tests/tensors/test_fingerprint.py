@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from detlab.worker.fingerprint import (
+from detlab.tensors.fingerprint import (
     FP1_KEY,
     FP2_KEY,
     FP_VERSION,
@@ -30,8 +30,8 @@ from detlab.worker.fingerprint import (
     implementation_name,
     tensor_bytes,
 )
-from detlab.worker.fingerprint.reference import lane_sums_np
-from detlab.worker.fingerprint.torch_impl import fingerprint_torch, lane_sums_words
+from detlab.tensors.fingerprint.reference import lane_sums_np
+from detlab.tensors.fingerprint.torch_impl import fingerprint_torch, lane_sums_words
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 
@@ -355,7 +355,7 @@ def test_versions_differ_in_their_mixers_alone() -> None:
 def test_each_mixer_is_a_bijection_with_full_avalanche(version: str) -> None:
     """The proofs need bijective mixers (odd multipliers, shifts in 1..63); change detection beyond them rests
     on mixing: flipping any one input bit flips each output bit in about half of 2^14 random inputs."""
-    from detlab.worker.fingerprint.reference import _mix_np
+    from detlab.tensors.fingerprint.reference import _mix_np
 
     rng = np.random.default_rng(38)
     x = rng.integers(0, 2**64, 1 << 14, dtype=np.uint64)
@@ -588,7 +588,7 @@ def test_quantized_tensors_are_refused_not_a_crash() -> None:
     # Until refused, hashing a quantized tensor's bytes killed the process (SIGSEGV): run it in a child.
     code = (
         "import torch, warnings; warnings.simplefilter('ignore')\n"
-        "from detlab.worker.fingerprint import fingerprint, certificate\n"
+        "from detlab.tensors.fingerprint import fingerprint, certificate\n"
         "qs = [torch.quantize_per_tensor(torch.randn(5), 0.1, 3, torch.quint8),\n"
         "      torch.quantize_per_channel(torch.randn(2, 3), torch.tensor([0.1, 0.2]), torch.tensor([0, 1]), 0,\n"
         "                                 torch.qint8)]\n"
@@ -643,7 +643,7 @@ def test_certificate_is_sha256_of_the_logical_bytes() -> None:
 
 def test_reference_works_without_importing_torch() -> None:
     code = (
-        "import sys; from detlab.worker.fingerprint import fingerprint_bytes, digest_to_bytes; "
+        "import sys; from detlab.tensors.fingerprint import fingerprint_bytes, digest_to_bytes; "
         "digest_to_bytes(fingerprint_bytes(b'abc')); assert 'torch' not in sys.modules, 'torch imported'"
     )
     root = Path(__file__).resolve().parents[2]
@@ -665,7 +665,7 @@ def test_torch_cuda_matches_reference(dtype: torch.dtype) -> None:
 @needs_cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_triton_matches_torch_cuda_and_reference(dtype: torch.dtype) -> None:
-    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+    from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
 
     tensors = [random_tensor(dtype, n, seed, device="cuda") for seed, n in enumerate(SIZES + [100_003])]
     expected = [fingerprint_bytes(tensor_bytes(t)) for t in tensors]
@@ -675,7 +675,7 @@ def test_triton_matches_torch_cuda_and_reference(dtype: torch.dtype) -> None:
 
 @needs_cuda
 def test_triton_multi_tensor_list_matches_per_tensor_digests() -> None:
-    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+    from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
 
     tensors = [random_tensor(d, 1000 * i + 3, i, device="cuda") for i, d in enumerate(DTYPES)]
     tensors += [tensors[0].reshape(-1)[1:], tensors[3][::2], torch.empty(0, device="cuda")]
@@ -690,7 +690,7 @@ def test_cuda_uses_triton_when_available() -> None:
 
 @needs_cuda
 def test_triton_kept_plan_sees_in_place_changes() -> None:
-    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+    from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
 
     x = random_tensor(torch.float32, 100_003, 1, device="cuda")
     seen = fingerprint_many_triton([x])
@@ -705,7 +705,7 @@ def test_triton_kept_plan_sees_in_place_changes() -> None:
 
 @needs_cuda
 def test_triton_kept_plan_tells_views_of_one_storage_apart() -> None:
-    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+    from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
 
     c = random_tensor(torch.complex64, 64, 2, device="cuda").reshape(8, 8)
     views = [c, c.conj(), c.t(), c[:4], c.view(torch.float32), c.reshape(-1)[:3]]
@@ -716,7 +716,7 @@ def test_triton_kept_plan_tells_views_of_one_storage_apart() -> None:
 @needs_cuda
 @pytest.mark.parametrize("extra_bytes", [-9, -8, -1, 0, 1, 7, 8, 9])
 def test_triton_partial_last_word_next_to_a_tile_boundary(extra_bytes: int) -> None:
-    from detlab.worker.fingerprint.triton_impl import CONFIG, fingerprint_many_triton
+    from detlab.tensors.fingerprint.triton_impl import CONFIG, fingerprint_many_triton
 
     t = random_tensor(torch.uint8, 2 * CONFIG.tile * 8 + extra_bytes, 3, device="cuda")
     pair = [t, t[:5]]
@@ -728,7 +728,7 @@ def test_triton_plan_cache_is_bounded_and_keeps_no_tensor_alive() -> None:
     import gc
     import weakref
 
-    from detlab.worker.fingerprint import triton_impl
+    from detlab.tensors.fingerprint import triton_impl
 
     tensors = [torch.full((16,), i, device="cuda") for i in range(triton_impl.CACHE_SIZE + 5)]
     refs = [weakref.ref(t) for t in tensors]
@@ -742,7 +742,7 @@ def test_triton_plan_cache_is_bounded_and_keeps_no_tensor_alive() -> None:
 
 @needs_cuda
 def test_triton_kept_graph_is_not_reused_for_another_view_at_the_same_address() -> None:
-    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+    from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
 
     x = random_tensor(torch.float32, 64 * 33, 4, device="cuda").reshape(64, 33)
     for _ in range(3):  # kept, captured, replayed
@@ -753,7 +753,7 @@ def test_triton_kept_graph_is_not_reused_for_another_view_at_the_same_address() 
 
 @needs_cuda
 def test_triton_plan_cache_drops_the_least_recently_used_plan() -> None:
-    from detlab.worker.fingerprint import triton_impl
+    from detlab.tensors.fingerprint import triton_impl
 
     triton_impl.clear_plan_cache()
     tensors = [torch.full((16,), i, device="cuda") for i in range(triton_impl.CACHE_SIZE + 1)]
@@ -782,7 +782,7 @@ def test_a_models_parameters_each_step_as_a_training_loop_passes_them() -> None:
 @needs_cuda
 @pytest.mark.parametrize("name", list(ONE_ELEMENT_VIEWS))
 def test_one_element_views_on_cuda_match_the_reference(name: str) -> None:
-    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+    from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
 
     view = ONE_ELEMENT_VIEWS[name]("cuda")
     want = fingerprint_bytes(tensor_bytes(dense_copy(view.cpu())))
@@ -800,7 +800,7 @@ def test_keyed_digests_on_cuda_match_the_keyed_reference() -> None:
 
 @needs_cuda
 def test_quantized_cuda_tensor_is_refused_by_triton_and_torch_paths() -> None:
-    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+    from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
 
     q = torch.quantize_per_tensor(torch.randn(64, device="cuda"), 0.1, 3, torch.quint8)
     for run in (fingerprint, fingerprint_torch, lambda t: fingerprint_many_triton([t])):
@@ -810,8 +810,8 @@ def test_quantized_cuda_tensor_is_refused_by_triton_and_torch_paths() -> None:
 
 @needs_cuda
 def test_fp1_on_request_runs_the_triton_kernel_and_matches_the_reference() -> None:
-    from detlab.worker.fingerprint import _triton_ready
-    from detlab.worker.fingerprint.triton_impl import fingerprint_many_triton
+    from detlab.tensors.fingerprint import _triton_ready
+    from detlab.tensors.fingerprint.triton_impl import fingerprint_many_triton
 
     tensors = [random_tensor(d, 1003, i, device="cuda") for i, d in enumerate(DTYPES)]
     want = [fingerprint_bytes(tensor_bytes(t), key=FP1_KEY) for t in tensors]

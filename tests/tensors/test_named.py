@@ -1,4 +1,4 @@
-"""What the recorder takes of a DTensor (detlab.sdk.tensors): its local shard, its placement, and the ranks
+"""What the recorder takes of a DTensor (detlab.tensors.named): its local shard, its placement, and the ranks
 holding replicas of it. One process plays rank 3 of a 2 x 2 mesh through torch's fake process group (no
 communication: DTensor.from_local builds the tensor from this rank's shard alone)."""
 
@@ -13,7 +13,7 @@ from torch.distributed.tensor import DeviceMesh, DTensor, Replicate, Shard, init
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from detlab.core.wire import Placement
-from detlab.sdk.tensors import describe, dtensor_layout, local
+from detlab.tensors.named import describe, dtensor_layout, local
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
-"""HTTP client of the ingest API, used by workers (and by the SDK in users' scripts).
+"""HTTP client of the ingest API, used by workers and by the SDK in users' scripts (one ingest path).
 
-Bodies and replies are the wire models of detlab.core.wire; the connection and its retries are
-detlab.core.http's, shared with the CLI."""
+It lives in the core, below the worker and the SDK, because it needs only httpx and the wire models of
+detlab.core.wire; the connection and its retries are detlab.core.http's, shared with the CLI."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ KEPT_LISTS = 8
 class _Slot:
     """One launch plan and whether a queued launch of it still awaits its result."""
 
-    plan: Any  # detlab.worker.fingerprint.triton_impl.Plan
+    plan: Any  # detlab.tensors.fingerprint.triton_impl.Plan
     busy: bool = True
 
 
@@ -76,8 +76,8 @@ class Digester:
 
     def submit(self, tensors: Sequence[torch.Tensor]) -> Pending:
         """Queue the digests of `tensors` (read as they are now); the result may be read from any thread."""
-        from detlab.sdk.tensors import local
-        from detlab.worker import fingerprint as fp
+        from detlab.tensors import fingerprint as fp
+        from detlab.tensors.named import local
 
         tensors = local(tensors)
         pending = Pending(len(tensors))
@@ -118,7 +118,7 @@ class Digester:
     def _launch(self, device: torch.device, group: list[torch.Tensor]) -> Callable[[], list[str]]:
         import torch
 
-        from detlab.worker.fingerprint import triton_impl
+        from detlab.tensors.fingerprint import triton_impl
 
         key = (device, _key(group))
         with torch.cuda.device(device):

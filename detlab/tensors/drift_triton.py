@@ -1,12 +1,12 @@
 """The stats and count sketch (detlab.core.sketch, `cs1`) of CUDA tensors in one Triton launch per dtype.
 
-worker/drift.py's torch pass copies every element into a float64 scratch matrix and reads it three times (about
+detlab/tensors/drift.py's torch pass copies every element into a float64 scratch matrix and reads it three times (about
 36 bytes of traffic per float32 element); this kernel reads each element once where it lies. One program takes
 one row of COLUMNS elements of one tensor, gathered bucket by bucket (the row stays in cache, so each element
 is read from memory once), converts it to float64 and writes the row's K signed bucket sums
 (already rotated by the row's bucket, so they add up per tensor), its sum, sum of squares and max |x|. The
 rows are then added per tensor as the torch pass adds them. Same map, same float64 accumulation: the results
-equal the torch pass's and the numpy reference's up to float64 rounding (tests/worker/test_drift.py).
+equal the torch pass's and the numpy reference's up to float64 rounding (tests/tensors/test_drift.py).
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def _plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], device: torch
             first = np.arange(rows, dtype=np.int64) * sketch.COLUMNS
             b2, s2 = sketch.row_map(indices[i], rows)
             addrs, counts = t.data_ptr() + first * t.element_size(), np.minimum(n - first, sketch.COLUMNS)
-            for part, values in zip(parts, (addrs, counts, b2.astype(np.int32), s2, np.full(rows, i, dtype=np.int64)),
-                                    strict=True):
+            columns: tuple[np.ndarray, ...] = (addrs, counts, b2.astype(np.int32), s2, np.full(rows, i, dtype=np.int64))
+            for part, values in zip(parts, columns, strict=True):
                 part.append(values)
         if parts[0]:
             groups.append(_Group(DTYPES[dtype], [torch.from_numpy(np.concatenate(p)).to(device) for p in parts]))

@@ -9,7 +9,7 @@ mode; otherwise its float64 atomics reorder additions at the 1e-16 level, far be
 and two runs whose digests are equal are known to be at distance 0 regardless).
 
 Nothing waits for the device: `Sketcher.submit` queues the work on the current stream and a copy of the
-results to pinned host memory, and returns a function that waits for that copy alone (as detlab.sdk.digests).
+results to pinned host memory, and returns a function that waits for that copy alone (as detlab.tensors.digests).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def compute(plan: _Plan, tensors: Sequence[torch.Tensor], device: torch.device) 
 @functools.cache
 def _triton() -> ModuleType | None:
     try:
-        from detlab.worker import drift_triton
+        from detlab.tensors import drift_triton
     except ImportError:  # no Triton (a CPU build of torch): the torch pass
         return None
     return drift_triton

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from detlab.worker import fingerprint as fp
+from detlab.tensors import fingerprint as fp
 from tests.conftest import ROOT
-from tests.worker.test_fingerprint import three_word_collision
+from tests.tensors.test_fingerprint import three_word_collision
 
 
 def detlab(*args: str) -> subprocess.CompletedProcess[str]:
