@@ -339,7 +339,7 @@ class CollectiveCalls(OpenModel):
 
 
 class Comparison(OpenModel):
-    """Two runs compared (detlab.core.train.compare_runs): the verdict, where they part, what is missing."""
+    """Two runs compared (detlab.core.compare.compare_runs): the verdict, where they part, what is missing."""
 
     verdict: str | None
     reason: str | None

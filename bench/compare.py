@@ -23,7 +23,7 @@ from detlab.backend.db import make_engine
 from detlab.backend.models import Base, Config, Job, Run, StepRecord, TensorMeta
 from detlab.backend.reports import train as train_report
 from detlab.backend.services.jobs import load_job
-from detlab.core import train as compare
+from detlab.core import compare
 
 
 def populate(session: Session, steps: int, ranks: int, tensors: int) -> int:

@@ -1,5 +1,5 @@
 """The result of a `bisect` job: its two runs' probe steps compared entry by entry, and what the differing
-entries say (the logic is in detlab.core.bisect and detlab.core.train)."""
+entries say (the logic is in detlab.core.bisect and detlab.core.compare)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import Job
 from detlab.backend.reports import train as train_report
-from detlab.core import bisect, configs
-from detlab.core import train as compare
+from detlab.core import bisect, compare, configs
 
 # Keys of the train comparator's answer that a one-step replay keeps.
 KEPT = ("verdict", "reason", "mode", "run_a", "run_b", "first_divergent_step", "ranks", "missing")

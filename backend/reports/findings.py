@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import Finding, FindingCell, HistoryVersion, Job, RankEnv, Run
 from detlab.backend.schemas import JobRead
+from detlab.core.compare import cost_text
 from detlab.core.diagnosis import DIAGNOSIS_KINDS
-from detlab.core.train import cost_text
 
 TRAIN_KEYS = ("verdict", "throughput", "reproducibility")  # a train comparison, stored or exported
 

@@ -1,4 +1,4 @@
-"""Any two runs compared: across jobs, SDK recordings and uploads, CI runs (the logic is detlab.core.train)."""
+"""Any two runs compared: across jobs, SDK recordings and uploads, CI runs (the logic is detlab.core.compare)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import Run
 from detlab.backend.reports import train
-from detlab.core import configs, divergence_map, steps
-from detlab.core import train as compare
+from detlab.core import compare, configs, divergence_map, steps
 
 
 def describe(run: Run) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from detlab.backend.models import BISECT, FINISHED, RECORDING, Job, Run
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import BisectCreate, JobCreate
 from detlab.backend.services.jobs import InvalidJob, create_job
-from detlab.core import train as compare
+from detlab.core import compare
 from detlab.core.settings import Settings
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from detlab.core import drift, sketch
-from detlab.core.train import RunData, StepData, compare_runs
+from detlab.core.compare import compare_runs
+from detlab.core.runs import RunData, StepData
 
 TENSORS = [("w", [64, 64], "float32"), ("b", [64], "float32")]
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from detlab.core import positions
-from detlab.core.train import RunData, StepData, compare_runs
+from detlab.core.compare import compare_runs
+from detlab.core.runs import RunData, StepData
 
 
 def test_equal_positions_under_other_rank_numbers_line_up() -> None:

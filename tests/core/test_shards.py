@@ -3,6 +3,8 @@ by shard, layouts that differ, and replicas that disagree within one run. Hand-b
 
 from __future__ import annotations
 
+from detlab.core.compare import compare_runs
+from detlab.core.runs import RunData, StepData
 from detlab.core.shards import (
     DIGEST_BYTES,
     RankTensor,
@@ -11,7 +13,6 @@ from detlab.core.shards import (
     replica_disagreements,
     replicated_count,
 )
-from detlab.core.train import RunData, StepData, compare_runs
 
 SHARD = "Shard(dim=0) on mesh [2] at [{r}], offset [{o}, 0] of [15, 8]"
 

@@ -148,7 +148,7 @@ def test_a_gradient_changed_before_the_step_is_named_even_where_adam_hides_it(tm
 
 
 def detlab_compare(a: Path, b: Path) -> dict[str, Any]:
-    from detlab.core.train import compare_runs
+    from detlab.core.compare import compare_runs
 
     return compare_runs(load_run(a, 1), load_run(b, 2))
 

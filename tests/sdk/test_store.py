@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import detlab
-from detlab.core.train import compare_runs
+from detlab.core.compare import compare_runs
 from detlab.sdk import RecordsError, load_run
 
 

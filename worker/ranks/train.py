@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from detlab.core.configs import ENV_PREFIXES, ENV_VALIDATORS, TorchFlags
-from detlab.core.train import recorded_steps
+from detlab.core.runs import recorded_steps
 from detlab.core.wire import Drift, EnvRecord, RankSpec, Record, StepRecord, TensorInfo, TensorsRecord, TorchFacts
 from detlab.worker import fingerprint as fp
 from detlab.worker.drift import Sketcher

@@ -1,4 +1,4 @@
-"""Unit tests of detlab.core.train on hand-built RunData: verdicts, loss curves, reproducibility, throughput, cost."""
+"""Unit tests of detlab.core.compare on hand-built RunData: verdicts, loss curves, reproducibility, throughput, cost."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from detlab.core.train import (
-    DIGEST_BYTES,
-    RunData,
-    StepData,
+from detlab.core.compare import (
     compare_runs,
     cost,
     cost_estimate,
@@ -17,6 +14,8 @@ from detlab.core.train import (
     reproducibility,
     throughput,
 )
+from detlab.core.runs import RunData, StepData
+from detlab.core.shards import DIGEST_BYTES
 
 TENSORS = [("fc1.weight", [8, 4], "float32"), ("fc1.bias", [8], "float32"), ("fc2.weight", [2, 8], "float32")]
 DIFFERENT = 200  # a digest byte no tensor of make_run holds
@@ -572,7 +571,7 @@ def test_runs_fingerprinted_with_different_versions_are_incomparable() -> None:
 
 
 def test_model_digests_alone_find_the_divergence_and_detail_is_shown_where_loaded() -> None:
-    from detlab.core.train import differing_steps
+    from detlab.core.compare import differing_steps
 
     a, b = make_run(1), make_run(2)
     perturb(b, step=2, rank=1, tensor=2)
