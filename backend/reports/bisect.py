@@ -51,3 +51,8 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     return {**result, "source": params, "step": step, "diagnosis": diagnosis,
             "config_diff": configs.diff(runs[0].config.body, runs[1].config.body),
             "environment": train_report.environment(session=session, run_a=a.run_id, run_b=b.run_id)}
+
+
+def verdict(result: dict[str, Any]) -> str | None:
+    """The replay's verdict, as a train pair's."""
+    return str(result["verdict"]) if result.get("verdict") else None

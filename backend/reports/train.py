@@ -206,3 +206,14 @@ def window(*, session: Session, job: Job, result: dict[str, Any], from_step: int
     return {**result, **thinned, **windowed, "downsampled": thinned.get("downsampled"),
             "window": {"from_step": from_step, "to_step": to_step}}
 
+
+
+def verdict(result: dict[str, Any]) -> str | None:
+    """The result in one word for the jobs list: the pair's verdict; for a single config, reproducible or
+    not-reproducible (every repeat identical to the first); None when no repeat was compared."""
+    if result.get("verdict"):
+        return str(result["verdict"])
+    measured = [r for r in result.get("reproducibility") or [] if r.get("comparable")]
+    if not measured:
+        return None
+    return "reproducible" if all(r["identical_to_first"] == r["comparable"] for r in measured) else "not-reproducible"

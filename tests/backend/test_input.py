@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.models import Job, RankEnv, Run, Worker
-from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import create_job
 from detlab.core.settings import Settings
 from tests.backend.conftest import LOCAL_PEER, LOCAL_URL
