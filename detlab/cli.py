@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import httpx
 import typer
 
+from detlab.core.results import RESULTS, JobResult
+
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
@@ -168,7 +170,8 @@ def _json_option(value: str | None, option: str) -> Any:
 def submit(
     config: Annotated[list[str], typer.Option(help="preset name or path to a JSON config; give two to compare")],
     workload: Annotated[str | None, typer.Option(help="train: mlp, tiny-lm, scatter, ...")] = None,
-    kind: Annotated[str, typer.Option(help="train, collective, sweep, batch-invariance or op-audit")] = "train",
+    kind: Annotated[str, typer.Option(help="a job kind the server takes (GET /api/v1/meta `kinds`): train, "
+                                           "collective, sweep, batch-invariance, op-audit, ...")] = "train",
     collective: Annotated[str | None, typer.Option(help='collective/sweep: JSON, e.g. {"ops": ["all_gather"]}')] = None,
     knobs: Annotated[str | None, typer.Option(
         help="sweep: JSON object, knob name to a list of values (null = the library default)")] = None,
@@ -200,7 +203,7 @@ def submit(
         raise typer.Exit(2)
     body: dict[str, Any] = {"kind": kind, "workload": workload, "configs": [_config_ref(c) for c in config],
                             "world_size": world_size, "steps": steps, "repeats": repeats, "tags": tag or [],
-                            "collective": _json_option(collective, "--collective")}
+                            "collective": _json_option(collective, "--collective")}  # null keys: not sent
     if kind == "sweep":
         body["sweep"] = {"over": "collective", "knobs": _json_option(knobs, "--knobs")}
     if diagnosis is not None:
@@ -223,71 +226,40 @@ def submit(
                 job = http.get(f"/api/v1/jobs/{job['id']}").json()
                 if not as_json:
                     typer.echo(f"job {job['id']}: {job['status']} {job['progress']:.0%}", err=True)
-            what = {"train": "comparison", "batch-invariance": "diagnosis", "op-audit": "diagnosis"}.get(
-                kind, "collective")
-            found = http.get(f"/api/v1/jobs/{job['id']}/{what}")
-            result = {"job": job, **(found.json() if found.status_code == 200 else {})}
+            found = http.get(job["result_path"]) if job.get("result_path") else None  # its kind says where
+            result = {"job": job, **(found.json() if found is not None and found.status_code == 200 else {})}
     except httpx.TransportError as exc:  # server down or unreachable: one line, not a traceback
         typer.echo(f"error: cannot reach {server}: {exc}", err=True)
         raise typer.Exit(2) from exc
+    typed = typed_result(result)
     if as_json:
         typer.echo(json.dumps(result))
-    elif kind == "train":
-        typer.echo(f"job {job['id']} {job['status']}: verdict {result.get('verdict')}, first divergent step "
-                   f"{result.get('first_divergent_step')}, tensors {result.get('first_divergent_tensors')}")
-        for missing in result.get("missing") or []:
-            typer.echo(f"  missing: {missing}")
-        for row in result.get("throughput") or []:
-            typer.echo(f"  config {row['config_index']} {row['name']}: cost {row.get('cost_text') or '—'}")
-    elif kind in ("batch-invariance", "op-audit"):
-        typer.echo(f"job {job['id']} {job['status']}: {job.get('verdict') or 'nothing measured'}; "
-                   f"{server}/jobs/{job['id']}")
     else:
-        cells = result.get("cells", [])
-        typer.echo(f"job {job['id']} {job['status']}: {sum(c['reproducible'] for c in cells)}/{len(cells)} "
-                   f"cells reproducible; {server}/jobs/{job['id']}")
-    failures = gate_failures(result, kind, check=check, max_cost=max_cost)
+        url = f"{server}/jobs/{job['id']}"
+        for line in typed.summary(job_id=job["id"], status=job["status"], verdict=job.get("verdict"), url=url) \
+                if typed else [f"job {job['id']} {job['status']}: no result; {url}"]:
+            typer.echo(line)
+    failures = gate_failures(typed, result["job"], check=check, max_cost=max_cost)
     for failure in failures:
         typer.echo(f"gate: {failure}", err=True)
     if job["status"] != "succeeded" or failures:
         raise typer.Exit(1)
 
 
-def gate_failures(result: dict[str, Any], kind: str, *, check: bool, max_cost: float | None) -> list[str]:
-    """Why a finished job fails `submit --check` / `--max-cost` (nothing: it passes). A cost fails only when
-    its whole 95 % interval lies above the limit: noise never fails a gate, and neither does a cost measured
-    on too few steps for an interval (said, so the gate is not mistaken for a pass on evidence)."""
-    failures = []
-    if check and kind == "train" and result.get("verdict") is not None:  # two configs: their pair
-        if result["verdict"] != "identical":
-            failures.append(f"verdict {result['verdict']}" + (f": {result['reason']}" if result.get("reason") else ""))
-    elif check and kind == "train":  # one config: its repeats
-        for row in result.get("reproducibility") or [{"config_index": 0, "name": "?", "comparable": 0}]:
-            if not row.get("comparable"):
-                failures.append(f"config {row['config_index']} {row['name']}: no comparable repeats")
-            elif row.get("identical_to_first") != row["comparable"]:
-                failures.append(f"config {row['config_index']} {row['name']}: {row.get('identical_to_first')} of "
-                                f"{row['comparable']} comparable repeats identical to the first")
-    elif check and kind in ("batch-invariance", "op-audit"):
-        verdict = (result.get("job") or {}).get("verdict")
-        if verdict not in ("invariant", "deterministic"):
-            failures.append(f"verdict {verdict or 'none: nothing was measured'}")
-    elif check:
-        bad = [c for c in result.get("cells") or [] if not c.get("reproducible")]
-        if bad or not result.get("cells"):
-            failures.append(f"{len(bad)} of {len(result.get('cells') or [])} cells not reproducible")
-    if max_cost is not None:
-        for row in result.get("throughput") or []:
-            interval = row.get("cost_interval")
-            if row.get("config_index") == 0:
-                continue
-            if interval is None:
-                failures.append(f"config {row['config_index']} {row['name']}: cost {row.get('cost_text')}; no "
-                                "interval to hold against --max-cost")
-            elif interval[0] * 100 > max_cost:
-                failures.append(f"config {row['config_index']} {row['name']}: {row.get('cost_text')}, above "
-                                f"--max-cost {max_cost:g}%")
-    return failures
+def typed_result(result: dict[str, Any]) -> JobResult | None:
+    """A finished job's result ({job, **result}) as its typed model (the one its result path serves)."""
+    path = (result.get("job") or {}).get("result_path") or ""
+    model = RESULTS.get(path.rsplit("/", 1)[-1])
+    body = {k: v for k, v in result.items() if k != "job"}
+    return model.model_validate(body) if model and body else None
+
+
+def gate_failures(result: JobResult | None, job: dict[str, Any], *, check: bool, max_cost: float | None) -> list[str]:
+    """Why a finished job fails `submit --check` / `--max-cost` (nothing: it passes); its result says (JobResult.gate).
+    A job with no result fails --check."""
+    if result is None:
+        return ["no result: nothing was measured"] if check else []
+    return result.gate(check=check, max_cost=max_cost, verdict=job.get("verdict"))
 
 
 @app.command()

@@ -17,15 +17,13 @@ from detlab.backend.api.responses import json_response
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import drift as drift_figures
 from detlab.backend.figures import train as train_figures
-from detlab.backend.kinds.base import ReportName
+from detlab.backend.kinds.base import RESULT_PATHS, ReportName
 from detlab.backend.kinds.registry import KINDS, JobCreate
 from detlab.backend.models import BISECT, FINISHED, CommLog, Job, RankEnv, Run, utcnow
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import (
     BisectCreate,
-    BisectResult,
     CollectiveFigures,
-    CollectiveResult,
     JobRead,
     JobsPage,
     JobsQuery,
@@ -35,7 +33,6 @@ from detlab.backend.schemas import (
     PlotlyFigure,
     RankEnvRead,
     RunRead,
-    TrainResult,
     WhyReport,
 )
 from detlab.backend.services import bisect, cache, cancel, idempotency, job_list, jobs, why
@@ -43,6 +40,7 @@ from detlab.backend.services.dispatch import send, undispatch
 from detlab.backend.services.settle import job_result, report_kind
 from detlab.backend.services.workers import queue_state
 from detlab.core import commlog
+from detlab.core.results import BisectResult, CollectiveResult, TrainResult
 from detlab.core.wire import INT32
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -125,7 +123,9 @@ def _read(session: SessionDep, settings: SettingsDep, job: Job) -> JobRead:
     """The job as read, with its queue's live workers (an unfinished job says why it may wait)."""
     state = queue_state(session=session, queue=job.queue, within_s=settings.run_stale_after_s)
     note = None if job.status in FINISHED else state.note()
-    return JobRead.model_validate(job).model_copy(update={"live_workers": state.live, "queue_note": note})
+    path = f"/api/v1/jobs/{job.id}/{RESULT_PATHS[KINDS[job.kind].report(job)]}"
+    return JobRead.model_validate(job).model_copy(update={"live_workers": state.live, "queue_note": note,
+                                                          "result_path": path})
 
 
 @router.get("/{job_id}", response_model=JobRead)

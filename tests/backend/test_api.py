@@ -91,8 +91,8 @@ def test_bad_job_is_a_clear_422(client: TestClient, body: dict, fragment: str) -
      "inject_bitflip"),
     ({"kind": "train", "workload": "mlp", "configs": [{}], "collective": {"ops": ["all_gather"]}}, "collective"),
     ({"kind": "op-audit", "workload": "mlp", "configs": [{}], "steps": 3}, "steps"),
-    ({"kind": "sweep", "configs": [{}], "world_size": 2, "sweep": {"over": "collective", "knobs": {"NCCL_ALGO": [None]}},
-      "diagnosis": {}}, "diagnosis"),
+    ({"kind": "sweep", "configs": [{}], "world_size": 2, "diagnosis": {},
+      "sweep": {"over": "collective", "knobs": {"NCCL_ALGO": [None]}}}, "diagnosis"),
 ])
 def test_a_key_that_the_kind_does_not_take_is_a_422_naming_it(client: TestClient, session: Session, body: dict,
                                                                key: str) -> None:
@@ -195,8 +195,8 @@ def test_the_claim_reply_is_a_typed_run_spec(client: TestClient, session: Sessio
 def test_a_collective_claim_nests_its_parameters(client: TestClient, session: Session, settings: Settings) -> None:
     from detlab.core.wire import RunSpec
 
-    run = make_run(session, settings, kind="collective", workload=None, steps=None, collective={"ops": ["broadcast"], "min_bytes": 4096,
-                                                                     "max_bytes": 16384, "trials": 2})
+    run = make_run(session, settings, kind="collective", workload=None, steps=None,
+                   collective={"ops": ["broadcast"], "min_bytes": 4096, "max_bytes": 16384, "trials": 2})
     reply = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
     spec = RunSpec.model_validate(reply)
     assert spec.kind == "collective" and spec.collective is not None
@@ -603,7 +603,8 @@ def test_a_running_collective_job_shows_its_cells_so_far(client: TestClient, ses
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from detlab.backend.reports import collective as collective_report
 
-    run = make_run(session, settings, kind="collective", workload=None, steps=None, collective={"min_bytes": 4096, "max_bytes": 16384})
+    run = make_run(session, settings, kind="collective", workload=None, steps=None,
+                   collective={"min_bytes": 4096, "max_bytes": 16384})
     client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH)
     session.add_all(CollectiveTrial(run_id=run.id, op="all_reduce_sum", dtype="float32", bytes=4096, trial=0,
                                     rank=rank, digest="fp1:x", time_s=1e-4) for rank in range(2))
