@@ -307,12 +307,37 @@ class DiagnosisResult(JobResult):
         return []
 
 
-class BisectCall(Result):
-    """The first difference, or the first divergent module call, of a bisect (detlab.core.bisect.diagnose)."""
+class BisectEntry(Result):
+    """The first differing entry of a bisect's probe step in execution order (detlab.core.bisect.diagnose)."""
 
     entry: str
+    index: int
     phase: str
+    name: str
+    call: int | None = None
+    slot: str | None = None
+    shape: list[int] = Field(default_factory=list)
+    dtype: str = ""
     ranks: list[int]
+    explanation: str | None = None
+
+
+class BisectModule(Result):
+    """The first divergent module call of a bisect: introduced (its inputs matched) or carried (they did not)."""
+
+    module: str
+    shown: str
+    type: str | None = None
+    phase: str
+    call: int | None = None
+    entry: str
+    ranks: list[int]
+    differing_inputs: list[str] = Field(default_factory=list)
+    differing_outputs: list[str] = Field(default_factory=list)
+    inputs_matched: bool = True
+    verdict: Literal["introduced", "carried"] | None = None
+    own_state_differs: bool = False
+    arose_in: list[str] | None = None  # set when the difference arose outside any module call
 
 
 class ModuleRow(Result):
@@ -330,8 +355,8 @@ class ModuleRow(Result):
 
 
 class Diagnosis(Result):
-    first: BisectCall | None
-    first_module: BisectCall | None
+    first: BisectEntry | None
+    first_module: BisectModule | None
     state_differs: list[str]
     tree: list[ModuleRow]
     entries: int
@@ -344,8 +369,10 @@ class BisectResult(JobResult):
 
     verdict: str
     reason: str | None
+    mode: str | None = None
     run_a: int | None = None
     run_b: int | None = None
+    first_divergent_step: int | None = None
     ranks: list[int] = Field(default_factory=list)
     missing: list[str] = Field(default_factory=list)
     source: dict[str, Any]

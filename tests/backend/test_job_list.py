@@ -49,10 +49,10 @@ def jobs(session: Session, settings: Settings) -> dict[str, Job]:
                        verdict="identical", age_h=50, configs=TWO_CONFIGS),
         "lm": add_job(session, settings, workload="tiny-lm", tags=("h200",), submitter="bo", status=SUCCEEDED,
                       verdict="diverged", age_h=30, configs=[{"preset": "default"}, {"preset": "full-deterministic"}]),
-        "coll": add_job(session, settings, kind="collective", workload=None, tags=("nccl",), submitter="ana",
-                        status=FAILED, verdict="not-reproducible", age_h=20,
+        "coll": add_job(session, settings, kind="collective", workload=None, steps=None, tags=("nccl",),
+                        submitter="ana", status=FAILED, verdict="not-reproducible", age_h=20,
                         configs=[{"preset": "nccl-ring-simple"}]),
-        "sweep": add_job(session, settings, kind="sweep", workload=None, status=RUNNING, age_h=10,
+        "sweep": add_job(session, settings, kind="sweep", workload=None, steps=None, status=RUNNING, age_h=10,
                          sweep={"knobs": {"NCCL_PROTO": ["LL", "Simple"]}}),
         "new": add_job(session, settings, tags=("paper",), submitter="bo"),
     }
