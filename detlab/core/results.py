@@ -145,6 +145,16 @@ class JobResult(Result):
         return []
 
 
+class ReplicaDisagreement(Result):
+    """Within one run: the first step where ranks that must hold bit-equal copies of a tensor do not
+    (detlab.core.shards), with each rank's digest."""
+
+    run: int
+    step: int
+    tensor: str
+    ranks: dict[int, str]
+
+
 class Comparison(Result):
     """Two runs compared (detlab.core.compare.compare_runs): the verdict, where they part, what is missing."""
 
@@ -161,6 +171,8 @@ class Comparison(Result):
     per_step: list[StepDiff] = Field(default_factory=list)
     loss: dict[str, list[tuple[int, float | None]]] = Field(default_factory=dict)
     missing: list[str] = Field(default_factory=list)
+    # Replicas within either run that disagree (absent from results stored before they were checked)
+    replica_disagreements: list[ReplicaDisagreement] = Field(default_factory=list)
     divergence_map: DivergenceMap | None = None  # diverged pairs only
     config_diff: list[KeyDiff]
     environment: list[EnvFact] = Field(default_factory=list)

@@ -513,7 +513,8 @@ def test_job_read_keeps_its_shape(client: TestClient, session: Session, settings
     job = client.get(f"/api/v1/jobs/{run.job_id}").json()
     assert list(job) == ["id", "kind", "workload", "status", "world_size", "steps", "repeats", "params",
                          "created_at", "configs", "runs", "progress", "queue", "tags", "verdict", "submitter",
-                         "live_workers", "queue_note"]
+                         "live_workers", "queue_note", "result_path"]
+    assert job["result_path"] == f"/api/v1/jobs/{run.job_id}/comparison"  # its kind says which report
     assert [list(c) for c in job["configs"]] == [["id", "name", "hash", "body"]] * 2
     assert set(job["runs"][0]) == {"id", "config_index", "repeat", "status", "steps_done", "steps_total", "attempt",
                                    "error", "node", "device", "fingerprint_impl"}
