@@ -639,7 +639,7 @@ def _local_pair(a: Path, b: Path) -> tuple[dict[str, Any], int, int]:
     from detlab.sdk.store import load_run
 
     run_a, run_b = load_run(a, run_id=1), load_run(b, run_id=2)  # RecordsError is a ValueError
-    return compare_runs(run_a, run_b), len(run_a.tensors), run_a.world_size
+    return compare_runs(run_a, run_b).stored(), len(run_a.tensors), run_a.world_size
 
 
 def _remote_pair(a: int, b: int, server: str) -> tuple[dict[str, Any], int, int]:

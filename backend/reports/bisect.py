@@ -30,7 +30,7 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     if not a.records and not b.records:
         return None
     train_report.load_detail(session=session, runs=data, steps=[step])
-    result = {k: v for k, v in compare.compare_runs(a, b).items() if k in KEPT}
+    result = {k: v for k, v in compare.compare_runs(a, b).stored().items() if k in KEPT}
     if result["verdict"] == "incomparable" and a.tensors and b.tensors:
         # Different entry lists: say where the runs' module calls part, not only which names differ.
         result["reason"] = bisect.call_list_difference(a.tensors, b.tensors) or result["reason"]

@@ -30,7 +30,7 @@ def build(*, session: Session, run_a: Run, run_b: Run) -> dict[str, Any]:
     detail = train.detail_steps(differing)
     train.load_detail(session=session, runs=[a, b], steps=detail)  # by the ranks' own numbers, before lining up
     train.load_drift(session=session, runs=[a, b])
-    result = compare.compare_runs(a, b)
+    result = compare.compare_runs(a, b).stored()
     if result["verdict"] == "diverged":
         result["divergence_map"] = divergence_map.tensor_step_map(a, compare.line_up(a, b)[0], detail,
                                                                   steps_differing=len(differing))

@@ -154,7 +154,7 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         detail = detail_steps(differing)
         load_detail(session=session, runs=[a, b], steps=detail)  # by the ranks' own numbers, before lining up
         load_drift(session=session, runs=[a, b])
-        result = compare.compare_runs(a, b)
+        result = compare.compare_runs(a, b).stored()
         if result["verdict"] == "diverged":  # the page's tensor × step heatmap; bounded, apart from per_step
             result["divergence_map"] = divergence_map.tensor_step_map(
                 a, compare.line_up(a, b)[0], detail, steps_differing=len(differing))
@@ -200,7 +200,7 @@ def window(*, session: Session, job: Job, result: dict[str, Any], from_step: int
             whole = len(set(a.steps()) | set(b.steps())) <= steps.MAX_POINTS
             load_detail(session=session, runs=[a, b], steps=differing if whole else detail_steps(differing))
             load_drift(session=session, runs=[a, b])
-            detail = compare.compare_runs(a, b)
+            detail = compare.compare_runs(a, b).stored()
     thinned = steps.downsample({"per_step": detail["per_step"], "loss": detail["loss"]})
     windowed = {"drift": detail["drift"]} if "drift" in detail else {}
     return {**result, **thinned, **windowed, "downsampled": thinned.get("downsampled"),

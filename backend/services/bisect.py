@@ -51,11 +51,11 @@ def first_divergent_step(*, session: Session, job: Job, a: Run, b: Run) -> int:
     data = [train_report.load_run(session=session, run=r, workload=job.workload,
                                   interval=int(job.params.get("fingerprint_interval", 1))) for r in (a, b)]
     result = compare.compare_runs(*data)
-    if result["verdict"] != "diverged":
-        why = f": {result['reason']}" if result["verdict"] == "incomparable" else ""
-        raise InvalidJob(f"runs {a.id} and {b.id} compare {result['verdict']}{why}; only a diverged pair has a "
+    if result.verdict != "diverged" or result.first_divergent_step is None:
+        why = f": {result.reason}" if result.verdict == "incomparable" else ""
+        raise InvalidJob(f"runs {a.id} and {b.id} compare {result.verdict}{why}; only a diverged pair has a "
                          "first divergent step to replay")
-    return int(result["first_divergent_step"])
+    return result.first_divergent_step
 
 
 def create_bisect(*, session: Session, job: Job, data: BisectCreate, settings: Settings,

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from detlab.core import collective_calls, drift, positions, shards
+from detlab.core.results import RunComparison
 from detlab.core.runs import RunData, StepData, mean_loss
 from detlab.core.shards import DIGEST_BYTES
 
@@ -126,7 +127,7 @@ def _loss_curve(run: RunData, steps: list[int]) -> list[list[float]]:
     return [[s, loss] for s in steps if (loss := mean_loss(run, s)) is not None]
 
 
-def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
+def compare_runs(a: RunData, b: RunData) -> RunComparison:
     """Verdict between two runs: identical, diverged (where first), incomplete (no difference among
     the steps both recorded, but one lacks steps, ranks or did not finish: never `identical`) or
     incomparable (why). `missing` lists what is missing, whatever the verdict.
@@ -141,11 +142,12 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     calls = compare_calls(a, b, alignment)
     reason = alignment.reason or _incomparable(a, b)
     if reason:
-        return {"verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
+        return RunComparison.model_validate({
+                "verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
                 "first_divergent_step": None, "first_divergent_tensors": [], "ranks": [],
                 "steps_differing": 0, "steps_compared": 0, "per_step": [], "loss": {"a": [], "b": []},
                 "missing": [], "replica_disagreements": replicas, "collectives": calls,
-                "drift": {"available": False, "reason": f"incomparable runs: {reason}"}}
+                "drift": {"available": False, "reason": f"incomparable runs: {reason}"}})
     names = [t[0] for t in a.tensors]
     steps = sorted(set(a.steps()) & set(b.steps()))
     per_rank = a.world_size == b.world_size
@@ -179,7 +181,7 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     if lone_steps:
         notes.append(f"{len(lone_steps)} recorded step(s) exist in one run only and were not compared")
     missing = missing_data(a, b)
-    return {
+    return RunComparison.model_validate({
         "verdict": "diverged" if first_step is not None else "incomplete" if missing else "identical",
         "reason": "; ".join(notes) or None,
         "mode": "per-rank" if per_rank else "rank-consensus",
@@ -196,7 +198,7 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         "replica_disagreements": replicas,
         "drift": drift.compare(a, b, per_rank),
         "collectives": calls,
-    }
+    })
 
 
 def compare_calls(a: RunData, b: RunData, alignment: positions.Alignment) -> dict[str, Any] | None:
@@ -241,10 +243,10 @@ def reproducibility(repeats: list[RunData]) -> dict[str, Any]:
     identical; a repeat that recorded nothing says nothing. Rate None with nothing comparable."""
     recorded = [r for r in repeats if r.records]
     results = [compare_runs(recorded[0], other) for other in recorded[1:]]
-    verdicts = [r["verdict"] for r in results]
+    verdicts = [r.verdict for r in results]
     same = verdicts.count("identical")
     comparable = same + verdicts.count("diverged")
-    parted = [r["first_divergent_step"] for r in results if r["verdict"] == "diverged"]
+    parted = [r.first_divergent_step for r in results if r.verdict == "diverged" and r.first_divergent_step is not None]
     return {"repeats": len(repeats), "recorded": len(recorded), "comparable": comparable,
             "identical_to_first": same, "incomplete": verdicts.count("incomplete"),
             "incomparable": verdicts.count("incomparable"), "rate": same / comparable if comparable else None,

@@ -155,8 +155,9 @@ class ReplicaDisagreement(Result):
     ranks: dict[int, str]
 
 
-class Comparison(Result):
-    """Two runs compared (detlab.core.compare.compare_runs): the verdict, where they part, what is missing."""
+class RunComparison(Result):
+    """Two runs compared (detlab.core.compare.compare_runs): the verdict, where they part, what is missing, how far
+    they drift apart and what their collective calls say."""
 
     verdict: str | None
     reason: str | None
@@ -173,12 +174,22 @@ class Comparison(Result):
     missing: list[str] = Field(default_factory=list)
     # Replicas within either run that disagree (absent from results stored before they were checked)
     replica_disagreements: list[ReplicaDisagreement] = Field(default_factory=list)
+    drift: DriftEstimate | None = None  # absent from results stored before drift was estimated
+    collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
+
+    def stored(self) -> dict[str, Any]:
+        """As a report stores it (JSON: tuples as lists, NaN as null): the keys the comparison set, nothing added."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class Comparison(RunComparison):
+    """Two runs of the server compared: the comparison, with where they part tensor × step, how their configs and
+    environments differ, and how its per-step series were thinned."""
+
     divergence_map: DivergenceMap | None = None  # diverged pairs only
     config_diff: list[KeyDiff]
     environment: list[EnvFact] = Field(default_factory=list)
     downsampled: Downsampled | None = None  # per_step and loss thinned (null: in full)
-    drift: DriftEstimate | None = None  # absent from results stored before drift was estimated
-    collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
 
 
 class TrainResult(Comparison, JobResult):
