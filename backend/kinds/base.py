@@ -13,6 +13,7 @@ from detlab.backend.reports import diagnosis as diagnosis_report
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import RequestBody
 from detlab.core import configs
+from detlab.core.results import BisectResult, CollectiveResult, DiagnosisResult, JobResult, TrainResult
 from detlab.core.wire import INT32, RunKind, Tags
 
 if TYPE_CHECKING:
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 ReportName = Literal["train", "collective", "bisect", "diagnosis"]
 REPORTS = {"train": train_report, "collective": collective_report, "bisect": bisect_report,
            "diagnosis": diagnosis_report}
+# The typed result each report builds (detlab.core.results): a result is checked against it when built.
+RESULT_MODELS: dict[ReportName, type[JobResult]] = {"train": TrainResult, "collective": CollectiveResult,
+                                                    "bisect": BisectResult, "diagnosis": DiagnosisResult}
 RESULT_PATHS: dict[ReportName, str] = {"train": "comparison", "collective": "collective", "bisect": "bisect",
                                        "diagnosis": "diagnosis"}
 
@@ -59,6 +63,12 @@ class Plan:
     unit: Literal["steps", "cells"] = "steps"
 
 
+def typed(report: ReportName, result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A report's result through its typed model (detlab.core.results), as JSON: the keys it set, checked."""
+    return None if result is None else RESULT_MODELS[report].model_validate(result).model_dump(
+        mode="json", exclude_unset=True)
+
+
 class Kind:
     """One job kind: its request model (None: not submitted through POST /jobs), its plan, its report, its
     list verdict and the request that submits one of its jobs again."""
@@ -81,8 +91,9 @@ class Kind:
         return self.report_name
 
     def build(self, *, session: Session, job: Job) -> dict[str, Any] | None:
-        """The job's result from its records as they are now; None before anything is recorded."""
-        return REPORTS[self.report(job)].build(session=session, job=job)  # type: ignore[no-any-return]
+        """The job's result from its records as they are now, as its typed model writes it; None before anything
+        is recorded."""
+        return typed(self.report(job), REPORTS[self.report(job)].build(session=session, job=job))
 
     def run_kind(self, job: Job) -> RunKind:
         """What each of the job's runs executes (the claim reply's `kind`)."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from detlab.backend.kinds.base import InvalidJob, JobRequest, Kind
+from detlab.backend.kinds.base import InvalidJob, JobRequest, Kind, typed
 from detlab.backend.models import Job
 from detlab.backend.reports import diagnosis as diagnosis_report
 from detlab.core import configs
@@ -43,7 +43,7 @@ class DiagnosisKind(Kind):
         return self.name  # type: ignore[return-value]
 
     def build(self, *, session: Any, job: Job) -> dict[str, Any] | None:
-        return diagnosis_report.build(session=session, job=job, config=type(self).config)
+        return typed("diagnosis", diagnosis_report.build(session=session, job=job, config=type(self).config))
 
     @staticmethod
     def params(spec: DiagnosisSpec, workload: str | None) -> dict[str, Any]:
