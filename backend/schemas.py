@@ -7,14 +7,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from detlab.backend.models import BISECT, CANCELLED, FAILED, QUEUED, RECORDING, RUNNING, SUCCEEDED
-from detlab.core.collective import DTYPES, OPS, CollectiveDtype, CollectiveOp
+from detlab.backend.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 from detlab.core.diagnosis import VERDICTS as DIAGNOSIS_VERDICTS
-from detlab.core.text import storable
 
 # The ingest bodies (Claim, RecordsBatch, CommLogUpload, Finish, Heartbeat) are the wire contract
 # between server and worker: detlab.core.wire.
-from detlab.core.wire import INT32, INT64, MAX_TAGS, BitFlip, DiagnosisSpec, Tag, Tags
+from detlab.core.results import Comparison, KeyDiff
+from detlab.core.text import storable
+from detlab.core.wire import INT32, INT64, MAX_TAGS, Tag, Tags
 
 
 class RequestBody(BaseModel):
@@ -22,70 +22,6 @@ class RequestBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     _text = field_validator("*")(storable)
-
-
-class CollectiveParams(RequestBody):
-    """What a `collective` run measures: ops × dtypes × message sizes, T trials each."""
-
-    ops: list[CollectiveOp] = Field(default=["all_reduce_sum"], min_length=1, max_length=len(OPS))
-    dtypes: list[CollectiveDtype] = Field(default=["float32"], min_length=1, max_length=len(DTYPES))
-    min_bytes: int = Field(default=4096, ge=64, le=1 << 33)
-    max_bytes: int = Field(default=1 << 20, ge=64, le=1 << 33)
-    step_factor: int = Field(default=4, ge=2, le=1024)
-    trials: int = Field(default=5, ge=1, le=1000)
-    warmup: int = Field(default=2, ge=0, le=100)
-
-    def sizes(self) -> list[int]:
-        sizes, size = [], self.min_bytes
-        while size <= self.max_bytes:
-            sizes.append(size)
-            size *= self.step_factor
-        return sizes
-
-
-class SweepParams(RequestBody):
-    """The cartesian product of knob values over the base config (configs[0]); null = library default.
-
-    Knobs are env variable names from the allow-list, plus `channels`, which sets NCCL's
-    MIN/MAX_NCHANNELS and MIN/MAX_CTAS together."""
-
-    over: Literal["collective", "train"] = "collective"
-    knobs: dict[str, list[str | None]] = Field(min_length=1, max_length=8)
-
-
-class JobCreate(RequestBody):
-    # Examples of each kind, for the API's docs and for the fuzz test's explicit phase.
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"workload": "mlp", "configs": [{"preset": "default"}, {"preset": "full-deterministic"}], "world_size": 2,
-         "steps": 20, "repeats": 2},
-        {"kind": "collective", "configs": [{"preset": "default"}, {"preset": "nccl-ring-simple"}], "world_size": 2,
-         "collective": {"ops": ["all_reduce_sum"], "dtypes": ["float32"], "min_bytes": 4096, "max_bytes": 1 << 20}},
-        {"kind": "sweep", "configs": [{"preset": "default"}], "world_size": 2,
-         "sweep": {"over": "collective", "knobs": {"NCCL_ALGO": ["Ring", "Tree", None],
-                                                     "NCCL_PROTO": ["Simple", None]}}},
-        {"kind": "batch-invariance", "configs": [{"preset": "default"}],
-         "diagnosis": {"ops": ["mm", "sum"], "dtypes": ["float32"], "batch_sizes": [1, 2, 4, 8], "features": 256}},
-        {"kind": "op-audit", "workload": "scatter", "configs": [{"preset": "default", "threads": 2}]},
-    ]})
-
-    # Integers bounded to the Integer columns they fill; the server's own limits are checked after.
-    kind: Literal["train", "collective", "sweep", "batch-invariance", "op-audit"] = "train"
-    workload: str | None = Field(default=None, min_length=1, max_length=64)
-    configs: list[dict[str, Any]] = Field(min_length=1, max_length=8)
-    world_size: int = Field(default=1, ge=1, le=INT32)
-    steps: int | None = Field(default=None, ge=1, le=INT32)
-    repeats: int = Field(default=1, ge=1, le=INT32)
-    fingerprint_interval: int = Field(default=1, ge=1, le=INT32)
-    inject_bitflip: BitFlip | None = None
-    # train: fingerprint every collective call's input and output (DDP buckets, the workload's own calls)
-    record_collectives: bool = False
-    collective: CollectiveParams | None = None
-    sweep: SweepParams | None = None
-    # batch-invariance: ops × dtypes × batch sizes at features (and diagnosis.workload's forward, if given);
-    # op-audit: re-runs per kept call of the workload's step. Bounded so a worker can hold it.
-    diagnosis: DiagnosisSpec | None = None
-    queue: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]{1,64}$")
-    tags: Tags = Field(default_factory=list)
 
 
 class BisectCreate(RequestBody):
@@ -154,6 +90,8 @@ class JobRead(BaseModel):
     # Workers of the job's queue that are alive now, and why the job may wait when there are none.
     live_workers: int = 0
     queue_note: str | None = None
+    # Where its result is served (GET; its kind says which report it is), e.g. /api/v1/jobs/7/comparison.
+    result_path: str | None = None
 
 
 class JobSummary(BaseModel):
@@ -176,7 +114,6 @@ class JobSummary(BaseModel):
     queue: str
 
 
-JOB_KINDS = ("train", "collective", "sweep", "batch-invariance", "op-audit", BISECT, RECORDING)
 JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 VERDICTS = ("identical", "diverged", "incomplete", "incomparable", "reproducible", "not-reproducible",
             *DIAGNOSIS_VERDICTS)
@@ -197,7 +134,7 @@ class JobsQuery(BaseModel):
     workload: str | None = Field(default=None, max_length=64)
     config: str | None = Field(default=None, max_length=64, description="a config or preset name the job ran")
     tag: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
-    kind: list[Literal[JOB_KINDS]] = Field(default_factory=list, max_length=len(JOB_KINDS))  # type: ignore[valid-type]
+    kind: list[str] = Field(default_factory=list, max_length=16, description="job kinds (GET /meta job_kinds)")
     status: list[Literal[JOB_STATUSES]] = Field(  # type: ignore[valid-type]
         default_factory=list, max_length=len(JOB_STATUSES))
     verdict: list[Literal[VERDICTS + ("none",)]] = Field(  # type: ignore[valid-type]
@@ -216,246 +153,10 @@ class JobsPage(BaseModel):
     offset: int
 
 
-class OpenModel(BaseModel):
-    """Known keys typed; keys added later (or by a newer report) pass through unchanged."""
+class PlotlyFigure(BaseModel):
+    """A figure as plotly.js takes it (Figure.to_plotly_json): its traces' and layout's keys are plotly's."""
 
     model_config = ConfigDict(extra="allow")
-
-
-# Results: the top level and the fixed rows are typed; rows whose keys vary by source stay dicts.
-
-class KeyDiff(OpenModel):
-    """A key whose value differs between A and B (a config's dotted key, a log fact)."""
-
-    key: str
-    a: Any
-    b: Any
-
-
-class ThroughputRow(OpenModel):
-    config_index: int
-    name: str
-    world_size: int | None = None  # the config's runs' (results stored before it was recorded lack it)
-    samples_per_s: float | None
-    spread: list[float] | None
-    step_time_ms_median: float | None
-    runs: int
-    cost: float | None
-    cost_interval: list[float] | None = None  # bootstrap 95 % interval of the cost
-    within_noise: bool | None = None  # the interval spans 0
-    cost_text: str = ""
-
-
-class ReproducibilityRow(OpenModel):
-    config_index: int
-    name: str
-    repeats: int
-    recorded: int
-    comparable: int = 0  # repeats compared with the first that were identical or diverged
-    identical_to_first: int
-    incomplete: int = 0
-    incomparable: int = 0
-    rate: float | None  # identical_to_first / comparable
-    first_divergent_step: int | None = None  # the earliest step a repeat parted from the first
-
-
-class StepDiff(OpenModel):
-    """One step, or (thinned) the bucket of steps step..to_step: the most tensors differing at one of
-    them and how many of its steps differ."""
-
-    step: int
-    tensors_differing: int | None
-    to_step: int | None = None
-    steps_differing: int | None = None
-    steps: int | None = None
-
-
-class Downsampled(OpenModel):
-    """How a comparison's per-step series were thinned: ask for a step window to see it in full."""
-
-    steps: int
-    points: int
-    steps_per_point: int
-
-
-class StepWindow(OpenModel):
-    from_step: int
-    to_step: int
-
-
-class DivergenceMap(OpenModel):
-    """Where the compared runs' per-tensor digests differ, tensor × step (detlab.core.divergence_map): only
-    differing cells, tensors and steps capped (`truncated`, `note`); cells are [step, index into tensors,
-    index into rank_sets]; rank sets are empty in rank-consensus mode."""
-
-    mode: str
-    steps: list[int]
-    tensors: list[str]
-    rank_sets: list[list[int]]
-    cells: list[tuple[int, int, int]]
-    steps_differing: int
-    tensors_differing: int
-    truncated: bool
-    note: str | None = None
-
-
-class Drift(OpenModel):
-    """How far the compared runs drift apart (detlab.core.drift): per sampled step the estimate of ‖A−B‖/‖A‖
-    (`points`, the worst rank; `ranks` per rank where they differ) and |Δloss|, the dtype's one-ulp relative
-    rounding level, and the verdict text; `available` false with `reason` when a run recorded no statistics."""
-
-    available: bool
-    reason: str | None = None
-    version: str | None = None
-    k: int | None = None
-    relative_error: float | None = None
-    points: list[tuple[int, float]] = Field(default_factory=list)
-    ranks: dict[str, list[tuple[int, float]]] = Field(default_factory=dict)
-    loss_delta: list[tuple[int, float]] = Field(default_factory=list)
-    dtype: str | None = None
-    rounding_level: float | None = None
-    max: float | None = None
-    max_step: int | None = None
-    sampled: bool = False
-    verdict: str | None = None
-
-
-class EnvFact(OpenModel):
-    key: str
-    a: Any
-    b: Any
-    differs: bool
-
-
-class CollectiveCalls(OpenModel):
-    """The runs' collective calls compared (detlab.core.collective_calls): `status` identical | differs |
-    not-recorded | incomparable; `first`: the first call whose output differs, its cause (reduction-order,
-    carried, calls-differ) and, for reduction-order, what the NCCL logs show NCCL chose at its size."""
-
-    status: str
-    calls_compared: int
-    first: dict[str, Any] | None = None
-    text: str | None = None
-
-
-class Comparison(OpenModel):
-    """Two runs compared (detlab.core.train.compare_runs): the verdict, where they part, what is missing."""
-
-    verdict: str | None
-    reason: str | None
-    mode: str | None = None
-    run_a: int | None = None
-    run_b: int | None = None
-    first_divergent_step: int | None = None
-    first_divergent_tensors: list[str] = Field(default_factory=list)
-    ranks: list[int] = Field(default_factory=list)
-    steps_differing: int = 0
-    steps_compared: int = 0
-    per_step: list[StepDiff] = Field(default_factory=list)
-    loss: dict[str, list[tuple[int, float | None]]] = Field(default_factory=dict)
-    missing: list[str] = Field(default_factory=list)
-    divergence_map: DivergenceMap | None = None  # diverged pairs only
-    config_diff: list[KeyDiff]
-    environment: list[EnvFact] = Field(default_factory=list)
-    downsampled: Downsampled | None = None  # per_step and loss thinned (null: in full)
-    drift: Drift | None = None  # absent from results stored before drift was estimated
-    collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
-
-
-class TrainResult(Comparison):
-    """GET /jobs/{id}/comparison: the verdict between the first runs of the first two configs, throughput
-    and cost per config, reproducibility of repeats. A single-config job has no two-run keys (mode … missing,
-    environment): they are absent, not null."""
-
-    throughput: list[ThroughputRow]
-    reproducibility: list[ReproducibilityRow]
-    effective_mismatches: list[dict[str, Any]]
-    window: StepWindow | None = None  # present when a step window was asked for
-
-
-class CollectiveConfig(OpenModel):
-    index: int
-    name: str
-    env: dict[str, Any]
-
-
-class EqualityRow(OpenModel):
-    op: str
-    dtype: str
-    bytes: int
-    equal: list[list[bool | None]]
-
-
-class CollectiveResult(OpenModel):
-    """GET /jobs/{id}/collective: per config × (op, dtype, size) cells, cross-config equality, effective
-    settings from NCCL/RCCL logs, and the nccl-tests-style export."""
-
-    world_size: int
-    configs: list[CollectiveConfig]
-    cells: list[dict[str, Any]]
-    equality: list[EqualityRow]
-    effective: list[dict[str, Any]]
-    logs: list[dict[str, Any]]
-    note: str | None
-    export: dict[str, Any]
-
-
-class InvarianceRow(OpenModel):
-    op: str
-    dtype: str
-    batch_size: int
-    invariant: bool
-    max_ulp: int
-
-
-class FirstBreak(OpenModel):
-    op: str
-    dtype: str
-    first_break: int | None
-
-
-class ModelInvariance(OpenModel):
-    workload: str
-    batch_sizes: list[int]
-    invariant: bool
-    first_module: str | None
-    first_break: int | None
-
-
-class AuditOp(OpenModel):
-    op: str
-    count: int
-    nondeterministic: bool | None
-    evidence: str
-
-
-class DiagnosisConfig(OpenModel):
-    """One config of a diagnosis job: where it ran and under which flags, and what it measured (the keys of
-    its kind: results/summary/model for batch-invariance, ops/ineffective for op-audit)."""
-
-    index: int
-    label: str
-    device: str | None
-    tf32: bool | None = None
-    torch_flags: dict[str, Any] | None = None
-    threads: int | None = None
-    results: list[InvarianceRow] | None = None
-    summary: list[FirstBreak] | None = None
-    model: ModelInvariance | None = None
-    ops: list[AuditOp] | None = None
-    ineffective: list[str] | None = None
-
-
-class DiagnosisResult(OpenModel):
-    """GET /jobs/{id}/diagnosis: a batch-invariance or op-audit job's result, per config."""
-
-    kind: Literal["batch-invariance", "op-audit"]
-    workload: str | None
-    configs: list[DiagnosisConfig]
-
-
-class PlotlyFigure(OpenModel):
-    """A figure as plotly.js takes it (Figure.to_plotly_json)."""
 
     data: list[dict[str, Any]]
     layout: dict[str, Any]
@@ -564,51 +265,3 @@ class WhyReport(BaseModel):
     first_divergent_step: int | None
     note: str | None  # set when the pair did not diverge: the checklist is for divergences
     items: list[WhyItem]
-
-
-class BisectCall(OpenModel):
-    """The first difference, or the first divergent module call, of a bisect (detlab.core.bisect.diagnose)."""
-
-    entry: str
-    phase: str
-    ranks: list[int]
-
-
-class ModuleRow(OpenModel):
-    """One module of the model's tree: depth, class, calls made at the probe step, and its status."""
-
-    module: str
-    shown: str
-    depth: int
-    type: str
-    calls: int
-    status: Literal["equal", "differs", "first difference", "not called"]
-    state_differs: bool
-    verdict: Literal["introduced", "carried"] | None = None
-    differing: list[str]
-
-
-class Diagnosis(OpenModel):
-    first: BisectCall | None
-    first_module: BisectCall | None
-    state_differs: list[str]
-    tree: list[ModuleRow]
-    entries: int
-    entries_differing: int
-    summary: str
-
-
-class BisectResult(OpenModel):
-    """GET /jobs/{id}/bisect: the replay's verdict (as a train pair's), and where in the step the runs part."""
-
-    verdict: str
-    reason: str | None
-    run_a: int | None = None
-    run_b: int | None = None
-    ranks: list[int] = Field(default_factory=list)
-    missing: list[str] = Field(default_factory=list)
-    source: dict[str, Any]
-    step: int
-    diagnosis: Diagnosis | None
-    config_diff: list[KeyDiff]
-    environment: list[EnvFact] = Field(default_factory=list)

@@ -23,7 +23,7 @@ from detlab.backend.db import make_engine
 from detlab.backend.models import Base, Config, Job, Run, StepRecord, TensorMeta
 from detlab.backend.reports import train as train_report
 from detlab.backend.services.jobs import load_job
-from detlab.core import train as compare
+from detlab.core import compare
 
 
 def populate(session: Session, steps: int, ranks: int, tensors: int) -> int:
@@ -61,7 +61,7 @@ def full_load(session: Session, job: Job) -> dict:
     runs = sorted(job.runs, key=lambda r: r.config_index)
     a, b = (train_report.load_run(session=session, run=r, workload=job.workload) for r in runs)
     train_report.load_detail(session=session, runs=[a, b], steps=a.steps())
-    return compare.compare_runs(a, b)
+    return compare.compare_runs(a, b).stored()
 
 
 def timed(fn, repeats: int) -> list[float]:  # type: ignore[no-untyped-def]

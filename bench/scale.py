@@ -236,8 +236,8 @@ def baseline_comparison(job_id: int) -> dict[str, Any]:
     read back, validated and serialised as GET …/comparison did."""
     from detlab.backend.db import get_sessionmaker
     from detlab.backend.reports import train as train_report
-    from detlab.backend.schemas import TrainResult
     from detlab.backend.services.jobs import load_job
+    from detlab.core.results import TrainResult
 
     with get_sessionmaker()() as session:
         job = load_job(session=session, job_id=job_id)

@@ -130,38 +130,52 @@ def test_gates_need_wait() -> None:
     assert (done.returncode, done.stderr) == (2, "error: --check and --max-cost judge the finished job: add --wait\n")
 
 
-PAIR = {"verdict": "identical", "reason": None, "throughput": [
-    {"config_index": 0, "name": "default", "cost_interval": None, "cost_text": "baseline"},
-    {"config_index": 1, "name": "deterministic", "cost_interval": [0.12, 0.18], "cost_text": "15.0% slower (...)"}]}
+def row(index: int, name: str, interval: list[float] | None, text: str) -> dict[str, Any]:
+    return {"config_index": index, "name": name, "samples_per_s": None, "spread": None, "step_time_ms_median": None,
+            "runs": 1, "cost": None, "cost_interval": interval, "cost_text": text}
 
 
-@pytest.mark.parametrize(("result", "kind", "check", "max_cost", "failures"), [
-    (PAIR, "train", True, None, []),
-    ({**PAIR, "verdict": "diverged", "reason": None}, "train", True, None, ["verdict diverged"]),
-    ({**PAIR, "verdict": "incomplete", "reason": "run 2 lacks 3 steps"}, "train", True, None,
+def repro(comparable: int, identical: int) -> dict[str, Any]:
+    return {"config_index": 0, "name": "default", "repeats": 2, "recorded": 2, "rate": None,
+            "comparable": comparable, "identical_to_first": identical}
+
+
+PAIR = {"verdict": "identical", "reason": None, "config_diff": [], "reproducibility": [],
+        "effective_mismatches": [], "throughput": [row(0, "default", None, "baseline"),
+                                                   row(1, "deterministic", [0.12, 0.18], "15.0% slower (...)")]}
+SINGLE = {**PAIR, "verdict": None, "throughput": []}
+CELLS = {"world_size": 2, "configs": [], "equality": [], "effective": [], "logs": [], "note": None, "export": {}}
+
+
+@pytest.mark.parametrize(("result", "path", "check", "max_cost", "failures"), [
+    (PAIR, "comparison", True, None, []),
+    ({**PAIR, "verdict": "diverged", "reason": None}, "comparison", True, None, ["verdict diverged"]),
+    ({**PAIR, "verdict": "incomplete", "reason": "run 2 lacks 3 steps"}, "comparison", True, None,
      ["verdict incomplete: run 2 lacks 3 steps"]),
-    (PAIR, "train", False, 20.0, []),  # the interval reaches 18 %: under the limit
-    (PAIR, "train", False, 15.0, []),  # the point is at the limit, the interval spans it: not proven above
-    (PAIR, "train", False, 10.0, ["config 1 deterministic: 15.0% slower (...), above --max-cost 10%"]),
-    ({**PAIR, "throughput": [PAIR["throughput"][0], {**PAIR["throughput"][1], "cost_interval": None,
-                                                      "cost_text": "15.0% slower (too few timed steps)"}]},
-     "train", False, 10.0, ["config 1 deterministic: cost 15.0% slower (too few timed steps); no interval to hold "
-                            "against --max-cost"]),
-    ({"verdict": None, "reproducibility": [{"config_index": 0, "name": "default", "comparable": 2,
-                                            "identical_to_first": 1}]}, "train", True, None,
+    (PAIR, "comparison", False, 20.0, []),  # the interval reaches 18 %: under the limit
+    (PAIR, "comparison", False, 15.0, []),  # the point is at the limit, the interval spans it: not proven above
+    (PAIR, "comparison", False, 10.0, ["config 1 deterministic: 15.0% slower (...), above --max-cost 10%"]),
+    ({**PAIR, "throughput": [PAIR["throughput"][0],
+                             row(1, "deterministic", None, "15.0% slower (too few timed steps)")]},
+     "comparison", False, 10.0, ["config 1 deterministic: cost 15.0% slower (too few timed steps); no interval to "
+                                 "hold against --max-cost"]),
+    ({**SINGLE, "reproducibility": [repro(2, 1)]}, "comparison", True, None,
      ["config 0 default: 1 of 2 comparable repeats identical to the first"]),
-    ({"verdict": None, "reproducibility": [{"config_index": 0, "name": "default", "comparable": 0,
-                                            "identical_to_first": 0}]}, "train", True, None,
+    ({**SINGLE, "reproducibility": [repro(0, 0)]}, "comparison", True, None,
      ["config 0 default: no comparable repeats"]),
-    ({"cells": [{"reproducible": True}, {"reproducible": False}]}, "collective", True, None,
+    ({**CELLS, "cells": [{"reproducible": True}, {"reproducible": False}]}, "collective", True, None,
      ["1 of 2 cells not reproducible"]),
-    ({"cells": []}, "collective", True, None, ["0 of 0 cells not reproducible"]),
+    ({**CELLS, "cells": []}, "collective", True, None, ["0 of 0 cells not reproducible"]),
+    ({"kind": "op-audit", "workload": "mlp", "configs": []}, "diagnosis", True, None,
+     ["verdict none: nothing was measured"]),
 ])
-def test_submit_gates(result: dict[str, Any], kind: str, check: bool, max_cost: float | None,
+def test_submit_gates(result: dict[str, Any], path: str, check: bool, max_cost: float | None,
                       failures: list[str]) -> None:
-    from detlab.cli import gate_failures
+    from detlab.cli import gate_failures, typed_result
 
-    assert gate_failures(result, kind, check=check, max_cost=max_cost) == failures
+    job = {"id": 7, "status": "succeeded", "verdict": None, "result_path": f"/api/v1/jobs/7/{path}"}
+    typed = typed_result({"job": job, **result})
+    assert gate_failures(typed, job, check=check, max_cost=max_cost) == failures
 
 
 def test_every_command_help_lists_its_own_options() -> None:

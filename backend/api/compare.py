@@ -11,6 +11,7 @@ from sqlalchemy.orm import selectinload
 
 from detlab.backend.api.deps import Limit, Offset, SessionDep
 from detlab.backend.figures import drift as drift_figures
+from detlab.backend.kinds.registry import KINDS
 from detlab.backend.models import Config, Job, JobTag, Run
 from detlab.backend.reports import pair
 from detlab.backend.schemas import PairResult, PlotlyFigure, RunsFound, WhyReport
@@ -83,6 +84,7 @@ def _training_runs(session: SessionDep, a: int, b: int) -> tuple[Run, Run]:
     for run_id in (a, b):
         if run_id not in found:
             raise HTTPException(404, f"no run {run_id}")
-        if found[run_id].job.workload == "collective":
+        job = found[run_id].job
+        if KINDS[job.kind].run_kind(job) == "collective":
             raise HTTPException(422, f"run {run_id} is a collective run: its job's page compares its cells")
     return found[a], found[b]

@@ -9,8 +9,9 @@ from fastapi import APIRouter, HTTPException
 from detlab.backend.api.deps import JobId, SessionDep
 from detlab.backend.figures import diagnosis as diagnosis_figures
 from detlab.backend.models import Job
-from detlab.backend.schemas import DiagnosisResult, PlotlyFigure
+from detlab.backend.schemas import PlotlyFigure
 from detlab.backend.services.settle import job_result, report_kind
+from detlab.core.results import DiagnosisResult
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 

@@ -17,14 +17,13 @@ from detlab.backend.api.responses import json_response
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import drift as drift_figures
 from detlab.backend.figures import train as train_figures
+from detlab.backend.kinds.base import RESULT_PATHS, ReportName
+from detlab.backend.kinds.registry import KINDS, JobCreate
 from detlab.backend.models import BISECT, FINISHED, CommLog, Job, RankEnv, Run, utcnow
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import (
     BisectCreate,
-    BisectResult,
     CollectiveFigures,
-    CollectiveResult,
-    JobCreate,
     JobRead,
     JobsPage,
     JobsQuery,
@@ -34,14 +33,14 @@ from detlab.backend.schemas import (
     PlotlyFigure,
     RankEnvRead,
     RunRead,
-    TrainResult,
     WhyReport,
 )
 from detlab.backend.services import bisect, cache, cancel, idempotency, job_list, jobs, why
 from detlab.backend.services.dispatch import send, undispatch
-from detlab.backend.services.settle import ReportKind, job_result, report_kind
+from detlab.backend.services.settle import job_result, report_kind
 from detlab.backend.services.workers import queue_state
 from detlab.core import commlog
+from detlab.core.results import BisectResult, CollectiveResult, TrainResult
 from detlab.core.wire import INT32
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -106,6 +105,8 @@ def _first_job(session: SessionDep, key: str, digest: str) -> Job | None:
 @router.get("", response_model=JobsPage)
 def list_jobs(session: SessionDep, query: Annotated[JobsQuery, Query()]) -> Response:
     """Jobs matching the filters, sorted (newest first by default), a page at a time, with the total."""
+    if unknown := [k for k in query.kind if k not in KINDS]:
+        raise HTTPException(422, f"kind: unknown {unknown}; known: {list(KINDS)}")
     items, total = job_list.list_jobs(session=session, query=query)
     return json_response(JobsPage(items=[JobSummary.model_validate(item) for item in items], total=total,
                                   limit=query.limit, offset=query.offset))
@@ -122,7 +123,9 @@ def _read(session: SessionDep, settings: SettingsDep, job: Job) -> JobRead:
     """The job as read, with its queue's live workers (an unfinished job says why it may wait)."""
     state = queue_state(session=session, queue=job.queue, within_s=settings.run_stale_after_s)
     note = None if job.status in FINISHED else state.note()
-    return JobRead.model_validate(job).model_copy(update={"live_workers": state.live, "queue_note": note})
+    path = f"/api/v1/jobs/{job.id}/{RESULT_PATHS[KINDS[job.kind].report(job)]}"
+    return JobRead.model_validate(job).model_copy(update={"live_workers": state.live, "queue_note": note,
+                                                          "result_path": path})
 
 
 @router.get("/{job_id}", response_model=JobRead)
@@ -145,9 +148,10 @@ def update_job(job_id: JobId, data: JobUpdate, session: SessionDep, settings: Se
 def read_spec(job_id: JobId, session: SessionDep) -> JobCreate:
     """The body that submits this job again (POST /jobs), configs in full: what the page's Rerun fills in."""
     job = _job_or_404(session, job_id)
-    if job.kind == BISECT:
-        raise HTTPException(409, f"job {job_id} is a bisect: POST /jobs/{job_id}/rerun replays it again")
-    return JobCreate.model_validate(jobs.spec_of(job))
+    try:
+        return JobCreate.model_validate(jobs.spec_of(job))
+    except jobs.InvalidJob as exc:  # a kind not submitted through POST /jobs
+        raise HTTPException(409, str(exc)) from exc
 
 
 @router.post("/{job_id}/rerun", status_code=201, response_model=JobRead, responses={
@@ -203,11 +207,11 @@ def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: 
     return _read(session, settings, job)
 
 
-def _result(job_id: int, session: SessionDep, *, kind: ReportKind) -> dict[str, Any]:
+def _result(job_id: int, session: SessionDep, *, kind: ReportName) -> dict[str, Any]:
     """The job's result (stored once it finished, live before), if the job's report is of this kind."""
     job = _job_or_404(session, job_id)
     what = {"collective": "collective trials", "train": "recorded steps", "bisect": "probe steps",
-            "diagnosis": "diagnosis results"}[kind]
+            "diagnosis": "diagnosis results"}[kind]  # what each report reads
     if report_kind(job) != kind:
         raise HTTPException(404, f"job {job_id} is a {job.kind} job: it has no {what}")
     result = job_result(session=session, job=job)

@@ -9,9 +9,12 @@ from pydantic import BaseModel
 from sqlalchemy import text
 
 from detlab.backend.api.deps import SessionDep, SettingsDep
-from detlab.backend.schemas import JOB_KINDS, JOB_STATUSES, VERDICTS
+from detlab.backend.kinds.base import RESULT_PATHS
+from detlab.backend.kinds.collective import MAX_SIZES
+from detlab.backend.kinds.registry import KINDS
+from detlab.backend.kinds.sweep import MAX_SWEEP_CELLS
+from detlab.backend.schemas import JOB_STATUSES, VERDICTS
 from detlab.backend.services.dispatch import broker_state
-from detlab.backend.services.jobs import MAX_SIZES, MAX_SWEEP_CELLS
 from detlab.backend.services.workers import known_workloads, live_workers
 from detlab.core import collective, configs, diagnosis
 from detlab.core.configs import ConfigBody
@@ -68,6 +71,16 @@ class DiagnosisLists(BaseModel):
     max_reruns: int
 
 
+class KindRead(BaseModel):
+    """A job kind: whether POST /jobs takes it (others are made otherwise: a bisect from a train job, a recording
+    by the SDK), and the path under /jobs/{id}/ that serves its result, when it does not depend on the job."""
+
+    name: str
+    description: str
+    submit: bool
+    result: str | None
+
+
 class MetaRead(BaseModel):
     """The lists the server owns, in the order the pages show them."""
 
@@ -77,6 +90,7 @@ class MetaRead(BaseModel):
     limits: LimitsRead
     # What the jobs list filters on (GET /jobs kind=, status=, verdict=).
     job_kinds: list[str]
+    kinds: list[KindRead]  # the registry of job kinds (detlab.backend.kinds)
     job_statuses: list[str]
     verdicts: list[str]
     diagnosis: DiagnosisLists
@@ -126,7 +140,10 @@ def meta(settings: SettingsDep) -> MetaRead:
                           max_repeats=settings.max_repeats, max_sweep_cells=MAX_SWEEP_CELLS,
                           max_sizes=MAX_SIZES, max_tags=MAX_TAGS, max_tag_length=TAG_LENGTH,
                           tag_pattern=TAG_PATTERN),
-        job_kinds=list(JOB_KINDS), job_statuses=list(JOB_STATUSES), verdicts=list(VERDICTS),
+        job_kinds=list(KINDS),
+        kinds=[KindRead(name=name, description=kind.description, submit=kind.request is not None,
+                        result=RESULT_PATHS[kind.report_name] if kind.report_name else None)
+               for name, kind in KINDS.items()], job_statuses=list(JOB_STATUSES), verdicts=list(VERDICTS),
         diagnosis=DiagnosisLists(ops=list(diagnosis.INVARIANCE_OPS), dtypes=list(diagnosis.INVARIANCE_DTYPES),
                                  default_batch_sizes=list(diagnosis.DEFAULT_BATCH_SIZES),
                                  min_features=diagnosis.MIN_FEATURES, max_features=diagnosis.MAX_FEATURES,

@@ -1,5 +1,5 @@
 """The result of a `bisect` job: its two runs' probe steps compared entry by entry, and what the differing
-entries say (the logic is in detlab.core.bisect and detlab.core.train)."""
+entries say (the logic is in detlab.core.bisect and detlab.core.compare)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import Job
 from detlab.backend.reports import train as train_report
-from detlab.core import bisect, configs
-from detlab.core import train as compare
+from detlab.core import bisect, compare, configs
 
 # Keys of the train comparator's answer that a one-step replay keeps.
 KEPT = ("verdict", "reason", "mode", "run_a", "run_b", "first_divergent_step", "ranks", "missing")
@@ -31,7 +30,7 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     if not a.records and not b.records:
         return None
     train_report.load_detail(session=session, runs=data, steps=[step])
-    result = {k: v for k, v in compare.compare_runs(a, b).items() if k in KEPT}
+    result = {k: v for k, v in compare.compare_runs(a, b).stored().items() if k in KEPT}
     if result["verdict"] == "incomparable" and a.tensors and b.tensors:
         # Different entry lists: say where the runs' module calls part, not only which names differ.
         result["reason"] = bisect.call_list_difference(a.tensors, b.tensors) or result["reason"]
@@ -52,3 +51,8 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     return {**result, "source": params, "step": step, "diagnosis": diagnosis,
             "config_diff": configs.diff(runs[0].config.body, runs[1].config.body),
             "environment": train_report.environment(session=session, run_a=a.run_id, run_b=b.run_id)}
+
+
+def verdict(result: dict[str, Any]) -> str | None:
+    """The replay's verdict, as a train pair's."""
+    return str(result["verdict"]) if result.get("verdict") else None

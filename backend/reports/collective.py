@@ -141,3 +141,9 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         "note": None if logs else "no NCCL/RCCL logs: the runs used gloo (CPU), so NCCL settings are not verified",
         "export": {"configs": exports},
     }
+
+
+def verdict(result: dict[str, Any]) -> str | None:
+    """The result in one word for the jobs list: reproducible when every cell gave one digest; None without cells."""
+    cells = result.get("cells") or []
+    return None if not cells else "reproducible" if all(c.get("reproducible") for c in cells) else "not-reproducible"

@@ -11,6 +11,7 @@ Shapes (fixed, another report reads them):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -46,23 +47,33 @@ def _measured(runs: list[Run], records: dict[int, dict[str, list[dict[str, Any]]
     return out
 
 
-def _config(job: Job, index: int, run: Run, env: RankEnv | None, found: dict[str, list[dict[str, Any]]],
-            label: str) -> dict[str, Any]:
-    flags = dict(env.torch_flags) if env and env.torch_flags else None
-    head = {"index": index, "label": label, "device": (env.device if env else None) or run.device}
-    if job.kind == "batch-invariance":
-        # in the order the rank measured them: dtype, op, batch size
-        return {**head, "tf32": bool(flags["allow_tf32"]) if flags else None,
-                **diagnosis.invariance_json(found.get("invariance", [])),
-                "model": diagnosis.model_summary(found.get("model-invariance", []))}
+Config = Callable[[Run, RankEnv | None, dict[str, list[dict[str, Any]]]], dict[str, Any]]
+
+
+def _flags(env: RankEnv | None) -> dict[str, Any] | None:
+    return dict(env.torch_flags) if env and env.torch_flags else None
+
+
+def invariance_config(run: Run, env: RankEnv | None, found: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """A batch-invariance config's measurements, in the order the rank measured them: dtype, op, batch size."""
+    flags = _flags(env)
+    return {"tf32": bool(flags["allow_tf32"]) if flags else None,
+            **diagnosis.invariance_json(found.get("invariance", [])),
+            "model": diagnosis.model_summary(found.get("model-invariance", []))}
+
+
+def audit_config(run: Run, env: RankEnv | None, found: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """An op-audit config's ops, and those its deterministic flag did not make deterministic."""
+    flags = _flags(env)
     ops = found.get("audit-op", [])
     claims = bool(run.config.body.get("torch", {}).get("deterministic_algorithms"))
-    return {**head, "torch_flags": flags, "threads": flags.get("num_threads") if flags else None,
+    return {"torch_flags": flags, "threads": flags.get("num_threads") if flags else None,
             **diagnosis.audit_json(ops), "ineffective": sorted(diagnosis.ineffective(ops, claims))}
 
 
-def build(*, session: Session, job: Job) -> dict[str, Any] | None:
-    """The job's result from its records as they are now; None before any config recorded a result."""
+def build(*, session: Session, job: Job, config: Config) -> dict[str, Any] | None:
+    """The job's result from its records as they are now, each config's measurements as its kind reads them
+    (`config`); None before any config recorded a result."""
     runs = list(job.runs)
     records = _records(session, [r.id for r in runs])
     measured = _measured(runs, records)
@@ -70,12 +81,10 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         return None
     envs = _envs(session, [r.id for r in measured.values()])
     names = job.config_names
-    configs = [_config(job, i, run, envs.get(run.id), records[run.id], names[i])
-               for i, run in sorted(measured.items())]
+    configs = []
+    for i, run in sorted(measured.items()):
+        env = envs.get(run.id)
+        configs.append({"index": i, "label": names[i], "device": (env.device if env else None) or run.device,
+                        **config(run, env, records[run.id])})
     workload = None if job.workload == "batch-invariance" else job.workload
     return {"kind": job.kind, "workload": workload, "configs": configs}
-
-
-def verdict(result: dict[str, Any]) -> str | None:
-    """The result in one word for the jobs list (detlab.core.diagnosis.verdict)."""
-    return diagnosis.verdict(result["kind"], result["configs"])

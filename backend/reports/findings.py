@@ -16,10 +16,10 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds.registry import KINDS
 from detlab.backend.models import Finding, FindingCell, HistoryVersion, Job, RankEnv, Run
 from detlab.backend.schemas import JobRead
-from detlab.core.diagnosis import DIAGNOSIS_KINDS
-from detlab.core.train import cost_text
+from detlab.core.compare import cost_text
 
 TRAIN_KEYS = ("verdict", "throughput", "reproducibility")  # a train comparison, stored or exported
 
@@ -184,6 +184,12 @@ def _file_facts(job: dict[str, Any], result: dict[str, Any]) -> dict[int, dict[s
     return facts
 
 
+def _is_diagnosis(result: dict[str, Any]) -> bool:
+    """A diagnosis result names its kind (reports.diagnosis); the kind says which report it is."""
+    kind = KINDS.get(str(result.get("kind")))
+    return kind is not None and kind.report_name == "diagnosis"
+
+
 def from_file(source: str, data: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(findings rows, cells) of a result file of any kind in results/: {job, result} of a collective or
     sweep job, {job, result} of a train job, or a train comparison with its job beside it ({job, verdict, …}).
@@ -192,7 +198,7 @@ def from_file(source: str, data: Any) -> tuple[list[dict[str, Any]], list[dict[s
         raise NotAResult("no 'job' object")
     job = data["job"]
     result: dict[str, Any] = data["result"] if isinstance(data.get("result"), dict) else data
-    if result.get("kind") in DIAGNOSIS_KINDS and "configs" in result:
+    if _is_diagnosis(result) and "configs" in result:
         return [], diagnosis_cells(source, job, result, _file_facts(job, result))
     if "cells" in result and "configs" in result:
         rows = rows_from_result(source, job, result)
@@ -258,7 +264,7 @@ def record_job(*, session: Session, job: Job, result: dict[str, Any]) -> None:
     data = JobRead.model_validate(job).model_dump()
     facts = job_facts(session=session, job=job)
     measured_at = job.finished_at or job.created_at
-    if result.get("kind") in DIAGNOSIS_KINDS:
+    if _is_diagnosis(result):
         store(session=session, rows=[], cells=diagnosis_cells(source, data, result, facts, job_id=job.id,
                                                               measured_at=measured_at), sources={source})
     elif "cells" in result:

@@ -1,4 +1,4 @@
-"""Any two runs compared: across jobs, SDK recordings and uploads, CI runs (the logic is detlab.core.train)."""
+"""Any two runs compared: across jobs, SDK recordings and uploads, CI runs (the logic is detlab.core.compare)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import Run
 from detlab.backend.reports import train
-from detlab.core import configs, divergence_map, steps
-from detlab.core import train as compare
+from detlab.core import compare, configs, divergence_map, steps
 
 
 def describe(run: Run) -> dict[str, Any]:
@@ -31,7 +30,7 @@ def build(*, session: Session, run_a: Run, run_b: Run) -> dict[str, Any]:
     detail = train.detail_steps(differing)
     train.load_detail(session=session, runs=[a, b], steps=detail)  # by the ranks' own numbers, before lining up
     train.load_drift(session=session, runs=[a, b])
-    result = compare.compare_runs(a, b)
+    result = compare.compare_runs(a, b).stored()
     if result["verdict"] == "diverged":
         result["divergence_map"] = divergence_map.tensor_step_map(a, compare.line_up(a, b)[0], detail,
                                                                   steps_differing=len(differing))

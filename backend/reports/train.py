@@ -1,5 +1,5 @@
 """The result of a `train` job: its runs loaded from the database and compared (the logic is in
-detlab.core.train)."""
+detlab.core.compare)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import SUCCEEDED, CallsRecord, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
-from detlab.core import collective_calls, commlog, configs, divergence_map, drift, steps
-from detlab.core import train as compare
+from detlab.core import collective_calls, commlog, compare, configs, divergence_map, drift, steps
+from detlab.core.runs import RunData, StepData, recorded_steps
 
 # Packed per-tensor digests are loaded for the first divergent step and at most this many others:
 # model digests tell equal from different steps, so 100k steps never load 100k packed rows.
@@ -21,23 +21,23 @@ MAX_CALL_ROWS = 20_000
 
 
 def load_run(*, session: Session, run: Run, workload: str, interval: int = 1,
-             between: tuple[int, int] | None = None) -> compare.RunData:
+             between: tuple[int, int] | None = None) -> RunData:
     """A run's step records with model digests only (packed digests come later, where needed), and
     what it was meant to record, so that a run that stopped early compares `incomplete` (a registered
     script's steps are its own: judged against the other run, and by how the run ended). `between`:
     only the steps of that closed range (and nothing expected)."""
     tensors = session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index))
-    data = compare.RunData(run_id=run.id, workload=workload, world_size=run.world_size,
+    data = RunData(run_id=run.id, workload=workload, world_size=run.world_size,
                            tensors=[(t.name, list(t.shape), t.dtype) for t in tensors],
                            expected_steps=None if between or run.job.params.get("script")
-                           else compare.recorded_steps(run.steps_total, interval),
+                           else recorded_steps(run.steps_total, interval),
                            status=run.status)
     # Core rows, not ORM rows: a long run has hundreds of thousands of them.
     rows = session.connection().execute(select(
         StepRecord.step, StepRecord.rank, StepRecord.model_digest, StepRecord.loss, StepRecord.step_time_s,
         StepRecord.fp_version, StepRecord.drift_version).where(StepRecord.run_id == run.id, *(
             [StepRecord.step.between(*between)] if between else []))).all()
-    data.records = {(step, rank): compare.StepData(None, loss, seconds, digest, version)
+    data.records = {(step, rank): StepData(None, loss, seconds, digest, version)
                     for step, rank, digest, loss, seconds, _, version in rows}
     data.fp_versions = {row[5] for row in rows} or data.fp_versions
     data.positions = {rank: dict(position) for rank, position in session.execute(
@@ -45,7 +45,7 @@ def load_run(*, session: Session, run: Run, workload: str, interval: int = 1,
     return data
 
 
-def load_calls(*, session: Session, runs: list[compare.RunData]) -> None:
+def load_calls(*, session: Session, runs: list[RunData]) -> None:
     """Fill in the runs' collective calls (the first MAX_CALL_ROWS (step, rank) rows of each) and parsed NCCL
     logs, for the comparison's first differing collective."""
     for data in runs:
@@ -60,7 +60,7 @@ def load_calls(*, session: Session, runs: list[compare.RunData]) -> None:
         data.comm_logs = logs or None
 
 
-def load_detail(*, session: Session, runs: list[compare.RunData], steps: list[int]) -> None:
+def load_detail(*, session: Session, runs: list[RunData], steps: list[int]) -> None:
     """Fill in the packed per-tensor digests of these steps."""
     wanted = set(steps)
     # Many steps (a window's every differing step) are read as their range: one index range scan.
@@ -73,7 +73,7 @@ def load_detail(*, session: Session, runs: list[compare.RunData], steps: list[in
                 data.records[(step, rank)].digests = bytes(digests)
 
 
-def load_drift(*, session: Session, runs: list[compare.RunData]) -> None:
+def load_drift(*, session: Session, runs: list[RunData]) -> None:
     """Fill in the packed statistics and sketches of the steps the drift estimate samples (detlab.core.drift)."""
     a, b = runs
     wanted = drift.steps_to_load(a, b)
@@ -139,7 +139,7 @@ def environment(*, session: Session, run_a: int, run_b: int) -> list[dict[str, A
 def build(*, session: Session, job: Job) -> dict[str, Any] | None:
     """The comparison of a job's first two configs, or None while nothing is recorded yet."""
     cfgs = job.configs
-    groups: dict[int, list[compare.RunData]] = {}
+    groups: dict[int, list[RunData]] = {}
     runs_by_index: dict[int, list[Run]] = {}
     for run in sorted(job.runs, key=lambda r: (r.config_index, r.repeat)):
         runs_by_index.setdefault(run.config_index, []).append(run)
@@ -154,7 +154,7 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
         detail = detail_steps(differing)
         load_detail(session=session, runs=[a, b], steps=detail)  # by the ranks' own numbers, before lining up
         load_drift(session=session, runs=[a, b])
-        result = compare.compare_runs(a, b)
+        result = compare.compare_runs(a, b).stored()
         if result["verdict"] == "diverged":  # the page's tensor × step heatmap; bounded, apart from per_step
             result["divergence_map"] = divergence_map.tensor_step_map(
                 a, compare.line_up(a, b)[0], detail, steps_differing=len(differing))
@@ -200,9 +200,20 @@ def window(*, session: Session, job: Job, result: dict[str, Any], from_step: int
             whole = len(set(a.steps()) | set(b.steps())) <= steps.MAX_POINTS
             load_detail(session=session, runs=[a, b], steps=differing if whole else detail_steps(differing))
             load_drift(session=session, runs=[a, b])
-            detail = compare.compare_runs(a, b)
+            detail = compare.compare_runs(a, b).stored()
     thinned = steps.downsample({"per_step": detail["per_step"], "loss": detail["loss"]})
     windowed = {"drift": detail["drift"]} if "drift" in detail else {}
     return {**result, **thinned, **windowed, "downsampled": thinned.get("downsampled"),
             "window": {"from_step": from_step, "to_step": to_step}}
 
+
+
+def verdict(result: dict[str, Any]) -> str | None:
+    """The result in one word for the jobs list: the pair's verdict; for a single config, reproducible or
+    not-reproducible (every repeat identical to the first); None when no repeat was compared."""
+    if result.get("verdict"):
+        return str(result["verdict"])
+    measured = [r for r in result.get("reproducibility") or [] if r.get("comparable")]
+    if not measured:
+        return None
+    return "reproducible" if all(r["identical_to_first"] == r["comparable"] for r in measured) else "not-reproducible"

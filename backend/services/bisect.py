@@ -13,11 +13,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds.base import InvalidJob
+from detlab.backend.kinds.train import TrainCreate
 from detlab.backend.models import BISECT, FINISHED, RECORDING, Job, Run
 from detlab.backend.reports import train as train_report
-from detlab.backend.schemas import BisectCreate, JobCreate
-from detlab.backend.services.jobs import InvalidJob, create_job
-from detlab.core import train as compare
+from detlab.backend.schemas import BisectCreate
+from detlab.backend.services.jobs import create_job
+from detlab.core import compare
 from detlab.core.settings import Settings
 
 
@@ -49,11 +51,11 @@ def first_divergent_step(*, session: Session, job: Job, a: Run, b: Run) -> int:
     data = [train_report.load_run(session=session, run=r, workload=job.workload,
                                   interval=int(job.params.get("fingerprint_interval", 1))) for r in (a, b)]
     result = compare.compare_runs(*data)
-    if result["verdict"] != "diverged":
-        why = f": {result['reason']}" if result["verdict"] == "incomparable" else ""
-        raise InvalidJob(f"runs {a.id} and {b.id} compare {result['verdict']}{why}; only a diverged pair has a "
+    if result.verdict != "diverged" or result.first_divergent_step is None:
+        why = f": {result.reason}" if result.verdict == "incomparable" else ""
+        raise InvalidJob(f"runs {a.id} and {b.id} compare {result.verdict}{why}; only a diverged pair has a "
                          "first divergent step to replay")
-    return int(result["first_divergent_step"])
+    return result.first_divergent_step
 
 
 def create_bisect(*, session: Session, job: Job, data: BisectCreate, settings: Settings,
@@ -77,7 +79,7 @@ def create_bisect(*, session: Session, job: Job, data: BisectCreate, settings: S
     if step > min(a.steps_total, b.steps_total):
         raise InvalidJob(f"step {step} is past the runs' {min(a.steps_total, b.steps_total)} steps")
     flip = job.params.get("inject_bitflip")
-    request = JobCreate(kind="train", workload=job.workload, configs=[dict(a.config.body), dict(b.config.body)],
+    request = TrainCreate(kind="train", workload=job.workload, configs=[dict(a.config.body), dict(b.config.body)],
                         world_size=job.world_size, steps=step, repeats=1, queue=job.queue,
                         # A fault injected after the probe step never happens in the replay.
                         inject_bitflip=flip if flip and flip["step"] <= step else None)

@@ -8,8 +8,8 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.models import IDEMPOTENCY_KEY_LENGTH, IdempotencyKey, Job, utcnow
-from detlab.backend.schemas import JobCreate
 from detlab.backend.services.workers import as_utc
 
 MAX_KEY_LENGTH = IDEMPOTENCY_KEY_LENGTH

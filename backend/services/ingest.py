@@ -15,6 +15,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds.registry import KINDS
 from detlab.backend.models import (
     FINISHED,
     RUNNING,
@@ -32,7 +33,6 @@ from detlab.backend.services import bisect
 from detlab.backend.services.settle import settle
 from detlab.backend.services.workers import as_utc
 from detlab.core import commlog, wire
-from detlab.core.diagnosis import DIAGNOSIS_KINDS
 
 MAX_LOG_BYTES = 16 << 20  # decompressed; the worker truncates before sending
 # Record fields not copied as they are into their table's columns: the ranks write some for their own
@@ -73,8 +73,7 @@ def run_spec(run: Run) -> wire.RunSpec:
     so a run whose env a newer allow-list refuses fails with that message instead of never starting."""
     stored = run.job.params.get("collective")  # the job's CollectiveParams and the sizes they give
     collective = {k: v for k, v in stored.items() if k in wire.CollectiveSpec.model_fields} if stored else None
-    kind = run.job.kind if run.job.kind in DIAGNOSIS_KINDS else \
-        "collective" if run.job.workload == "collective" else "train"
+    kind = KINDS[run.job.kind].run_kind(run.job)
     return wire.RunSpec.model_validate({
         **{k: v for k, v in run.config.body.items() if k in ("seed", "threads", "env", "torch")},
         "run_id": run.id, "attempt": run.attempt, "workload": run.job.workload,

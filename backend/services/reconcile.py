@@ -11,11 +11,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.db import get_sessionmaker
-from detlab.backend.models import FAILED, QUEUED, RECORDING, RUNNING, Job, Run, utcnow
+from detlab.backend.kinds.registry import KINDS
+from detlab.backend.models import FAILED, QUEUED, RUNNING, Job, Run, utcnow
 from detlab.backend.services.dispatch import send, undispatch
 from detlab.backend.services.settle import settle
 from detlab.backend.services.workers import as_utc, live_workers
 from detlab.core.settings import Settings
+
+# Kinds whose runs no worker runs (an SDK recording's): nothing to re-dispatch.
+_FED_ELSEWHERE = [name for name, kind in KINDS.items() if not kind.dispatched]
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,7 @@ def reconcile(*, session: Session, settings: Settings) -> list[tuple[int, str]]:
     idle_queues = {w.queue for w in workers if w.info.get("run_id") is None}
     busy_runs = {w.info.get("run_id") for w in workers}
     # A recording's run is the SDK's to feed and close: no worker runs it, so none is sent one.
-    active = select(Run).join(Job).where(Run.status.in_([QUEUED, RUNNING]), Job.kind != RECORDING)
+    active = select(Run).join(Job).where(Run.status.in_([QUEUED, RUNNING]), Job.kind.not_in(_FED_ELSEWHERE))
     for run in session.scalars(active):
         queue = run.job.queue
         if run.status == RUNNING:

@@ -5,39 +5,26 @@ Pages read the stored result; an unfinished job's result is built live from what
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy.orm import Session
 
-from detlab.backend.models import BISECT, FINISHED, Job
-from detlab.backend.reports import bisect as bisect_report
-from detlab.backend.reports import collective as collective_report
-from detlab.backend.reports import diagnosis as diagnosis_report
+from detlab.backend.kinds.base import ReportName
+from detlab.backend.kinds.registry import KINDS
+from detlab.backend.models import FINISHED, Job
 from detlab.backend.reports import findings
-from detlab.backend.reports import train as train_report
 from detlab.backend.services.jobs import roll_up
 from detlab.core import steps
-from detlab.core.diagnosis import DIAGNOSIS_KINDS
-
-ReportKind = Literal["train", "collective", "bisect", "diagnosis"]
-REPORTS = {"train": train_report, "collective": collective_report, "bisect": bisect_report,
-           "diagnosis": diagnosis_report}
 
 
-def report_kind(job: Job) -> ReportKind:
-    """Which report a job's result is: collective (collective and sweep-over-collective jobs), bisect, diagnosis
-    (batch-invariance and op-audit jobs), or train (train and sweep-over-train jobs, SDK recordings)."""
-    if job.workload == "collective":
-        return "collective"
-    if job.kind == BISECT:
-        return "bisect"
-    return "diagnosis" if job.kind in DIAGNOSIS_KINDS else "train"
+def report_kind(job: Job) -> ReportName:
+    """Which report a job's result is (its kind says: detlab.backend.kinds)."""
+    return KINDS[job.kind].report(job)
 
 
 def _build(*, session: Session, job: Job) -> dict[str, Any] | None:
     """The job's result from its records as they are now; None before anything is recorded."""
-    report = REPORTS[report_kind(job)]
-    result = report.build(session=session, job=job)
+    result = KINDS[job.kind].build(session=session, job=job)
     if result is None:
         return None
     # As the JSON column will give it back: tuples as lists, and NaN/inf (a loss that blew up, an
@@ -45,32 +32,17 @@ def _build(*, session: Session, job: Job) -> dict[str, Any] | None:
     stored: dict[str, Any] = json.loads(json.dumps(result), parse_constant=lambda _: None)
     # A train comparison keeps its per-step series thinned (100k steps would be megabytes on every read);
     # a step window in full is computed from the rows on demand (reports.train.window).
-    return stored if report is not train_report else steps.downsample(stored)
+    return stored if report_kind(job) != "train" else steps.downsample(stored)
 
 
-def list_verdict(result: dict[str, Any] | None) -> str | None:
-    """A result in one word, for the jobs list: a train pair's verdict; else, for a single train config
-    or a collective/sweep job, reproducible or not-reproducible (repeats identical to the first; every
-    cell one digest); None when nothing was compared."""
-    if not result:
-        return None
-    if result.get("kind") in DIAGNOSIS_KINDS:
-        return diagnosis_report.verdict(result)
-    if result.get("verdict"):
-        return str(result["verdict"])
-    if "cells" in result:
-        cells = result["cells"] or []
-        return None if not cells else "reproducible" if all(c.get("reproducible") for c in cells) \
-            else "not-reproducible"
-    measured = [r for r in result.get("reproducibility") or [] if r.get("comparable")]
-    if not measured:
-        return None
-    return "reproducible" if all(r["identical_to_first"] == r["comparable"] for r in measured) else "not-reproducible"
+def list_verdict(job: Job, result: dict[str, Any] | None) -> str | None:
+    """A result in one word, for the jobs list (its kind says how); None when nothing was compared."""
+    return KINDS[job.kind].list_verdict(job, result) if result else None
 
 
 def _store(*, session: Session, job: Job) -> dict[str, Any]:
     job.result = _build(session=session, job=job) or {}  # {}: finished with nothing recorded
-    job.verdict = list_verdict(job.result)
+    job.verdict = list_verdict(job, job.result)
     return job.result
 
 
@@ -84,7 +56,7 @@ def settle(*, session: Session, job: Job) -> None:
         return
     if job.result is None:
         result = _store(session=session, job=job)
-        if result and report_kind(job) != "bisect":  # a replay of one step measures no config
+        if result and KINDS[job.kind].records_findings:
             findings.record_job(session=session, job=job, result=result)
 
 

@@ -11,6 +11,6 @@ from __future__ import annotations
 from detlab.cli import services, jobs, admin, compare, why, results, checkpoints, diagnose  # noqa: F401
 # isort: on
 from detlab.cli.root import app
-from detlab.cli.summaries import gate_failures
+from detlab.cli.summaries import gate_failures, typed_result
 
-__all__ = ["app", "gate_failures"]
+__all__ = ["app", "gate_failures", "typed_result"]

@@ -62,7 +62,7 @@ def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list
 def _check_replicas(a: Path, as_json: bool) -> int:
     """`detlab compare A`: one run's replicas alone. 0 when they agree, 1 when they disagree, 2 with none."""
     from detlab.core import shards
-    from detlab.core.train import replica_disagreements
+    from detlab.core.compare import replica_disagreements
     from detlab.sdk.store import RecordsError, load_run
 
     try:
@@ -131,11 +131,11 @@ def compare(
 
 
 def _local_pair(a: Path, b: Path) -> tuple[dict[str, Any], int, int]:
-    from detlab.core.train import compare_runs
+    from detlab.core.compare import compare_runs
     from detlab.sdk.store import load_run
 
     run_a, run_b = load_run(a, run_id=1), load_run(b, run_id=2)  # RecordsError is a ValueError
-    return compare_runs(run_a, run_b), len(run_a.tensors), run_a.world_size
+    return compare_runs(run_a, run_b).stored(), len(run_a.tensors), run_a.world_size
 
 
 def _remote_pair(a: int, b: int, server: str) -> tuple[dict[str, Any], int, int]:

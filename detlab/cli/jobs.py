@@ -37,7 +37,8 @@ def _wait(http: httpx.Client, job: dict[str, Any], timeout: float, what: str = "
 def submit(
     config: Annotated[list[str], typer.Option(help="preset name or path to a JSON config; give two to compare")],
     workload: Annotated[str | None, typer.Option(help="train: mlp, tiny-lm, scatter, ...")] = None,
-    kind: Annotated[str, typer.Option(help="train, collective, sweep, batch-invariance or op-audit")] = "train",
+    kind: Annotated[str, typer.Option(help="a job kind the server takes (GET /api/v1/meta `kinds`): train, "
+                                           "collective, sweep, batch-invariance, op-audit, ...")] = "train",
     collective: Annotated[str | None, typer.Option(help='collective/sweep: JSON, e.g. {"ops": ["all_gather"]}')] = None,
     knobs: Annotated[str | None, typer.Option(
         help="sweep: JSON object, knob name to a list of values (null = the library default)")] = None,
@@ -75,7 +76,6 @@ def submit(
         body["sweep"] = {"over": over.value, "knobs": json_option(knobs, "--knobs")}
     if diagnosis is not None:
         body["diagnosis"] = json_option(diagnosis, "--diagnosis")
-    report = summaries.report_of(kind, over.value)
     with server_client(server) as http:
         resp = http.post("/api/v1/jobs", json=body)
         if resp.status_code != 201:
@@ -85,14 +85,15 @@ def submit(
             typer.echo(json.dumps(job) if as_json else f"job {job['id']} submitted: {server}/jobs/{job['id']}")
             return
         job = _wait(http, job, timeout, progress=not as_json)
-        found = http.get(f"/api/v1/jobs/{job['id']}/{summaries.result_path(report)}")
-        result = {"job": job, **(found.json() if found.status_code == 200 else {})}
+        found = http.get(job["result_path"]) if job.get("result_path") else None  # its kind says where
+        result = {"job": job, **(found.json() if found is not None and found.status_code == 200 else {})}
+    typed = summaries.typed_result(result)
     if as_json:
         typer.echo(json.dumps(result))
     else:
-        for line in summaries.job_lines(report, job, result, server):
+        for line in summaries.job_lines(typed, job, server):
             typer.echo(line)
-    failures = summaries.gate_failures(result, report, check=check, max_cost=max_cost)
+    failures = summaries.gate_failures(typed, job, check=check, max_cost=max_cost)
     for failure in failures:
         typer.echo(f"gate: {failure}", err=True)
     if job["status"] != "succeeded" or failures:

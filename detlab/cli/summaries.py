@@ -1,42 +1,27 @@
-"""What the CLI prints of a finished job, per kind, and the gates `submit --check / --max-cost` hold it to.
-
-The job kinds' CLI summaries in one place, so that they can move into the kinds' own modules in one piece."""
+"""What the CLI prints of a finished job and the gates `submit --check / --max-cost` hold it to: both come from
+the job's typed result (detlab.core.results), which its kind's result path serves; no kind is named here."""
 
 from __future__ import annotations
 
 from typing import Any
 
-DIAGNOSIS_KINDS = ("batch-invariance", "op-audit")
+from detlab.core.results import RESULTS, JobResult
 
 
-def report_of(kind: str, over: str | None = None) -> str:
-    """Which report a job of this kind gets (as the server's settle decides it): train (train jobs and sweeps
-    over train), diagnosis (batch-invariance, op-audit) or collective (collective jobs and sweeps over it)."""
-    if kind == "train" or (kind == "sweep" and over == "train"):
-        return "train"
-    return "diagnosis" if kind in DIAGNOSIS_KINDS else "collective"
+def typed_result(result: dict[str, Any]) -> JobResult | None:
+    """A finished job's result ({job, **result}) as its typed model (the one its kind's result path serves)."""
+    path = (result.get("job") or {}).get("result_path") or ""
+    model = RESULTS.get(path.rsplit("/", 1)[-1])
+    body = {k: v for k, v in result.items() if k != "job"}
+    return model.model_validate(body) if model and body else None
 
 
-def result_path(report: str) -> str:
-    """The job's result under /api/v1/jobs/{id}/ for a report kind."""
-    return {"train": "comparison", "diagnosis": "diagnosis"}.get(report, "collective")
-
-
-def job_lines(report: str, job: dict[str, Any], result: dict[str, Any], server: str) -> list[str]:
-    """`submit --wait`'s summary of a finished job (train: verdict, first divergence, cost; diagnosis: its
-    verdict; collective: the reproducible cells)."""
-    if report == "train":
-        return [f"job {job['id']} {job['status']}: verdict {result.get('verdict')}, first divergent step "
-                f"{result.get('first_divergent_step')}, tensors {result.get('first_divergent_tensors')}",
-                *(f"  missing: {missing}" for missing in result.get("missing") or []),
-                *(f"  config {row['config_index']} {row['name']}: cost {row.get('cost_text') or '—'}"
-                  for row in result.get("throughput") or [])]
-    if report == "diagnosis":
-        return [f"job {job['id']} {job['status']}: {job.get('verdict') or 'nothing measured'}; "
-                f"{server}/jobs/{job['id']}"]
-    cells = result.get("cells", [])
-    return [f"job {job['id']} {job['status']}: {sum(c['reproducible'] for c in cells)}/{len(cells)} "
-            f"cells reproducible; {server}/jobs/{job['id']}"]
+def job_lines(typed: JobResult | None, job: dict[str, Any], server: str) -> list[str]:
+    """`submit --wait`'s summary of a finished job, as its result model words it."""
+    url = f"{server}/jobs/{job['id']}"
+    if typed is None:
+        return [f"job {job['id']} {job['status']}: no result; {url}"]
+    return typed.summary(job_id=job["id"], status=job["status"], verdict=job.get("verdict"), url=url)
 
 
 def bisect_lines(result: dict[str, Any]) -> list[str]:
@@ -50,39 +35,9 @@ def bisect_lines(result: dict[str, Any]) -> list[str]:
             *(tree_lines(diagnosis["tree"]) if diagnosis else [])]
 
 
-def gate_failures(result: dict[str, Any], kind: str, *, check: bool, max_cost: float | None) -> list[str]:
-    """Why a finished job fails `submit --check` / `--max-cost` (nothing: it passes). `kind` is the job's kind,
-    or its report's (a sweep over train is judged as train). A cost fails only when its whole 95 % interval
-    lies above the limit: noise never fails a gate, and neither does a cost measured on too few steps for an
-    interval (said, so the gate is not mistaken for a pass on evidence)."""
-    failures = []
-    if check and kind == "train" and result.get("verdict") is not None:  # two configs: their pair
-        if result["verdict"] != "identical":
-            failures.append(f"verdict {result['verdict']}" + (f": {result['reason']}" if result.get("reason") else ""))
-    elif check and kind == "train":  # one config: its repeats
-        for row in result.get("reproducibility") or [{"config_index": 0, "name": "?", "comparable": 0}]:
-            if not row.get("comparable"):
-                failures.append(f"config {row['config_index']} {row['name']}: no comparable repeats")
-            elif row.get("identical_to_first") != row["comparable"]:
-                failures.append(f"config {row['config_index']} {row['name']}: {row.get('identical_to_first')} of "
-                                f"{row['comparable']} comparable repeats identical to the first")
-    elif check and kind in (*DIAGNOSIS_KINDS, "diagnosis"):
-        verdict = (result.get("job") or {}).get("verdict")
-        if verdict not in ("invariant", "deterministic"):
-            failures.append(f"verdict {verdict or 'none: nothing was measured'}")
-    elif check:
-        bad = [c for c in result.get("cells") or [] if not c.get("reproducible")]
-        if bad or not result.get("cells"):
-            failures.append(f"{len(bad)} of {len(result.get('cells') or [])} cells not reproducible")
-    if max_cost is not None:
-        for row in result.get("throughput") or []:
-            interval = row.get("cost_interval")
-            if row.get("config_index") == 0:
-                continue
-            if interval is None:
-                failures.append(f"config {row['config_index']} {row['name']}: cost {row.get('cost_text')}; no "
-                                "interval to hold against --max-cost")
-            elif interval[0] * 100 > max_cost:
-                failures.append(f"config {row['config_index']} {row['name']}: {row.get('cost_text')}, above "
-                                f"--max-cost {max_cost:g}%")
-    return failures
+def gate_failures(result: JobResult | None, job: dict[str, Any], *, check: bool, max_cost: float | None) -> list[str]:
+    """Why a finished job fails `submit --check` / `--max-cost` (nothing: it passes); its result model says
+    (JobResult.gate). A job with no result fails --check."""
+    if result is None:
+        return ["no result: nothing was measured"] if check else []
+    return result.gate(check=check, max_cost=max_cost, verdict=job.get("verdict"))

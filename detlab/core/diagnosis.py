@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
-DIAGNOSIS_KINDS = ("batch-invariance", "op-audit")
 InvarianceOp = Literal["mm", "linear", "bmm", "matmul", "addmm", "log_softmax", "softmax", "mean", "sum",
                        "layer_norm", "rms_norm", "sdpa"]
 InvarianceDtype = Literal["float32", "bfloat16", "float16"]
@@ -105,14 +104,17 @@ def model_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
             "first_break": broken["batch_size"] if broken else None}
 
 
-def verdict(kind: str, configs: Sequence[Mapping[str, Any]]) -> str | None:
-    """A diagnosis result in one word for the jobs list: `invariant` / `not-invariant` (batch invariance;
-    the model check counts) or `deterministic` / `nondeterministic` (op audit; ops not checked do not count
-    as deterministic: with only those, None)."""
-    if kind == "batch-invariance":
-        rows = [r["invariant"] for c in configs for r in c.get("results") or []]
-        rows += [c["model"]["invariant"] for c in configs if c.get("model")]
-        return None if not rows else "invariant" if all(rows) else "not-invariant"
+def invariance_verdict(configs: Sequence[Mapping[str, Any]]) -> str | None:
+    """A batch-invariance result in one word for the jobs list: `invariant` / `not-invariant` (the model check
+    counts); None when nothing was measured."""
+    rows = [r["invariant"] for c in configs for r in c.get("results") or []]
+    rows += [c["model"]["invariant"] for c in configs if c.get("model")]
+    return None if not rows else "invariant" if all(rows) else "not-invariant"
+
+
+def audit_verdict(configs: Sequence[Mapping[str, Any]]) -> str | None:
+    """An op-audit result in one word for the jobs list: `deterministic` / `nondeterministic` (ops not checked
+    do not count as deterministic: with only those, None)."""
     flags = [o["nondeterministic"] for c in configs for o in c.get("ops") or [] if o["nondeterministic"] is not None]
     return None if not flags else "nondeterministic" if any(flags) else "deterministic"
 

@@ -1,6 +1,6 @@
 """Where two runs' per-tensor digests differ, tensor × step, with the ranks that differ in each cell.
 
-A compact, bounded companion of the comparison (detlab.core.train): only differing cells are listed,
+A compact, bounded companion of the comparison (detlab.core.compare): only differing cells are listed,
 tensors and steps are capped, and the ranks of each cell point into a short list of distinct rank
 sets (after a divergence most cells differ on the same ranks). Pure: plain data in, plain data out.
 """
@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from detlab.core.train import DIGEST_BYTES, RunData
+from detlab.core.runs import RunData
+from detlab.core.shards import DIGEST_BYTES
 
 MAX_TENSORS = 48
 MAX_STEPS = 100

@@ -1,7 +1,7 @@
 """How far two compared runs drift apart, step by step: the estimate of ‖A−B‖/‖A‖ over the recorded tensors
 (detlab.core.sketch) beside |Δloss|, and a verdict that says whether it stays at rounding level or grows.
 
-Pure functions over RunData (detlab.core.train). At most POINTS steps are estimated, spread evenly over the
+Pure functions over RunData (detlab.core.runs). At most POINTS steps are estimated, spread evenly over the
 steps both runs recorded with statistics (the loader reads the packed statistics of those steps only), so a
 100k-step comparison reads a few hundred rows. Where two ranks' model digests are equal the distance is
 exactly 0, whatever the sketches say.
@@ -13,9 +13,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from detlab.core import sketch
+from detlab.core.runs import mean_loss
 
 if TYPE_CHECKING:
-    from detlab.core.train import RunData
+    from detlab.core.runs import RunData
 
 POINTS = 200
 # A distance up to this many ulps (relative) of the dominant dtype is rounding: one ulp per element gives
@@ -101,8 +102,6 @@ def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
     (the worst rank's estimate of ‖A−B‖/‖A‖), `ranks` per rank where they differ (the MAX_RANKS furthest
     apart), `loss_delta`, the dtype's rounding level and the verdict text. `available` False says why (never
     a made-up zero)."""
-    from detlab.core.train import mean_loss
-
     common = _common(a, b)
     reason = _unavailable(a, b, common)
     base = {"version": sketch.VERSION, "k": sketch.K, "relative_error": sketch.RELATIVE_ERROR}

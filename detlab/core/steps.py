@@ -3,7 +3,7 @@ chosen so that no difference is hidden (a bucket shows the most tensors differin
 of its steps differ; loss is sampled where |Δloss| peaks). The full detail of a step window is
 computed on demand from the recorded rows.
 
-Pure functions over the comparison dict (as detlab.core.train.compare_runs returns it)."""
+Pure functions over the comparison dict (as detlab.core.compare.compare_runs returns it)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from detlab.core.collective_calls import RunCalls, StepCalls
+from detlab.core.runs import RunData, StepData
 from detlab.core.shards import DIGEST_BYTES, RankTensor
-from detlab.core.train import RunData, StepData
 from detlab.core.wire import (
     DIAGNOSIS_RECORDS,
     MAX_WORLD_SIZE,

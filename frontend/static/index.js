@@ -261,7 +261,10 @@
   }
 
   function buildPayload() {
-    return { ...carried, ...formPayload(), tags: tagsValue() };
+    const form = formPayload();
+    // A rerun's carried keys go only to a kind that takes them: a bit flip is a train run's (else a 422).
+    const { inject_bitflip: flip, ...shared } = carried;
+    return { ...shared, ...(form.kind === "train" && flip ? { inject_bitflip: flip } : {}), ...form, tags: tagsValue() };
   }
 
   function formPayload() {

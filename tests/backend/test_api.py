@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from detlab.backend.app import create_app
 from detlab.backend.db import get_session, make_engine
+from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.models import (
     FAILED,
     QUEUED,
@@ -27,7 +28,6 @@ from detlab.backend.models import (
     utcnow,
 )
 from detlab.backend.reports import train as train_report
-from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import create_job
 from detlab.backend.services.reconcile import reconcile
 from detlab.core.settings import Settings, get_settings
@@ -84,6 +84,36 @@ def test_bad_job_is_a_clear_422(client: TestClient, body: dict, fragment: str) -
     resp = client.post("/api/v1/jobs", json=body)
     assert resp.status_code == 422
     assert fragment in str(resp.json()["detail"])
+
+
+@pytest.mark.parametrize("body, key", [
+    ({"kind": "collective", "configs": [{}], "world_size": 2, "inject_bitflip": {"step": 1, "tensor": "fc1.weight"}},
+     "inject_bitflip"),
+    ({"kind": "train", "workload": "mlp", "configs": [{}], "collective": {"ops": ["all_gather"]}}, "collective"),
+    ({"kind": "op-audit", "workload": "mlp", "configs": [{}], "steps": 3}, "steps"),
+    ({"kind": "sweep", "configs": [{}], "world_size": 2, "diagnosis": {},
+      "sweep": {"over": "collective", "knobs": {"NCCL_ALGO": [None]}}}, "diagnosis"),
+])
+def test_a_key_that_the_kind_does_not_take_is_a_422_naming_it(client: TestClient, session: Session, body: dict,
+                                                               key: str) -> None:
+    """Each kind takes its own keys (detlab.backend.kinds): a collective job's bit flip was stored and never done,
+    a train job's collective spec was stored and ignored."""
+    resp = client.post("/api/v1/jobs", json=body)
+    assert resp.status_code == 422, resp.text
+    assert any(e["loc"][-1] == key and e["msg"] == "Extra inputs are not permitted" for e in resp.json()["detail"])
+    assert session.scalars(select(Job)).first() is None
+
+
+def test_a_key_sent_as_null_is_a_key_not_sent(client: TestClient) -> None:
+    resp = client.post("/api/v1/jobs", json={"kind": "collective", "configs": [{}], "inject_bitflip": None,
+                                             "workload": None, "steps": None})
+    assert resp.status_code in (201, 202), resp.text
+
+
+def test_a_sweep_over_collectives_refuses_the_keys_of_a_train_run(client: TestClient) -> None:
+    resp = client.post("/api/v1/jobs", json={"kind": "sweep", "configs": [{}], "world_size": 2, "sweep": {
+        "over": "collective", "knobs": {"NCCL_ALGO": ["Ring"]}}, "inject_bitflip": {"step": 1, "tensor": "w"}})
+    assert resp.status_code == 422 and "a sweep over collectives takes no inject_bitflip" in resp.text
 
 
 def test_oversized_body_is_refused(client: TestClient, settings: Settings) -> None:
@@ -165,8 +195,8 @@ def test_the_claim_reply_is_a_typed_run_spec(client: TestClient, session: Sessio
 def test_a_collective_claim_nests_its_parameters(client: TestClient, session: Session, settings: Settings) -> None:
     from detlab.core.wire import RunSpec
 
-    run = make_run(session, settings, kind="collective", collective={"ops": ["broadcast"], "min_bytes": 4096,
-                                                                     "max_bytes": 16384, "trials": 2})
+    run = make_run(session, settings, kind="collective", workload=None, steps=None,
+                   collective={"ops": ["broadcast"], "min_bytes": 4096, "max_bytes": 16384, "trials": 2})
     reply = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH).json()
     spec = RunSpec.model_validate(reply)
     assert spec.kind == "collective" and spec.collective is not None
@@ -483,7 +513,8 @@ def test_job_read_keeps_its_shape(client: TestClient, session: Session, settings
     job = client.get(f"/api/v1/jobs/{run.job_id}").json()
     assert list(job) == ["id", "kind", "workload", "status", "world_size", "steps", "repeats", "params",
                          "created_at", "configs", "runs", "progress", "queue", "tags", "verdict", "submitter",
-                         "live_workers", "queue_note"]
+                         "live_workers", "queue_note", "result_path"]
+    assert job["result_path"] == f"/api/v1/jobs/{run.job_id}/comparison"  # its kind says which report
     assert [list(c) for c in job["configs"]] == [["id", "name", "hash", "body"]] * 2
     assert set(job["runs"][0]) == {"id", "config_index", "repeat", "status", "steps_done", "steps_total", "attempt",
                                    "error", "node", "device", "fingerprint_impl"}
@@ -516,7 +547,7 @@ def test_served_figures_are_those_of_the_stored_result(client: TestClient, sessi
 
 def finish_collective_job(client: TestClient, session: Session, settings: Settings) -> Job:
     """A two-config collective job whose configs give different all_reduce outputs; both runs finished."""
-    run = make_run(session, settings, kind="collective", configs=TWO_CONFIGS,
+    run = make_run(session, settings, kind="collective", workload=None, steps=None, configs=TWO_CONFIGS,
                    collective={"min_bytes": 4096, "max_bytes": 16384, "trials": 2})
     job = run.job
     for r in job.runs:
@@ -573,7 +604,8 @@ def test_a_running_collective_job_shows_its_cells_so_far(client: TestClient, ses
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from detlab.backend.reports import collective as collective_report
 
-    run = make_run(session, settings, kind="collective", collective={"min_bytes": 4096, "max_bytes": 16384})
+    run = make_run(session, settings, kind="collective", workload=None, steps=None,
+                   collective={"min_bytes": 4096, "max_bytes": 16384})
     client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"}, headers=AUTH)
     session.add_all(CollectiveTrial(run_id=run.id, op="all_reduce_sum", dtype="float32", bytes=4096, trial=0,
                                     rank=rank, digest="fp1:x", time_s=1e-4) for rank in range(2))

@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.models import SUCCEEDED, CollectiveTrial, Finding
 from detlab.backend.reports import collective as collective_report
 from detlab.backend.reports import matrix
 from detlab.backend.reports.findings import rows_from_result, store
-from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import create_job
 from detlab.backend.services.settle import settle
 from detlab.core.settings import Settings

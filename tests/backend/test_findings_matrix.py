@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.models import SUCCEEDED, FindingCell, Job, RankEnv, StepRecord, TensorMeta
 from detlab.backend.reports.findings import store
-from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import create_job
 from detlab.backend.services.settle import settle
 from detlab.core.settings import Settings

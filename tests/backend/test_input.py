@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.models import Job, RankEnv, Run, Worker
-from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import create_job
 from detlab.core.settings import Settings
 from tests.backend.conftest import LOCAL_PEER, LOCAL_URL
@@ -124,7 +124,7 @@ def test_a_non_finite_number_in_a_job_is_a_422(client: TestClient, field: str) -
     for literal in NON_FINITE:
         body = with_literal({"workload": "mlp", "configs": [{}], field: "@"}, literal)
         resp = client.post("/api/v1/jobs", content=body, headers={"content-type": "application/json"})
-        assert resp.status_code == 422 and locs(resp) == [["body", field]], literal
+        assert resp.status_code == 422 and locs(resp) == [["body", "train", field]], literal  # the kind's field
 
 
 @pytest.mark.parametrize("config", [{"seed": "@"}, {"world_size": "@"}, {"threads": "@"}, {"preset": "@"},
@@ -272,7 +272,7 @@ def test_a_job_integer_past_its_column_is_a_422(client: TestClient) -> None:
     # fingerprint_interval was stored unchecked, and every claim of the job's runs was a 500
     for field in ["fingerprint_interval", "steps", "world_size", "repeats"]:
         resp = client.post("/api/v1/jobs", json={"workload": "mlp", "configs": [{}], field: 2**31})
-        assert resp.status_code == 422 and locs(resp) == [["body", field]], field
+        assert resp.status_code == 422 and locs(resp) == [["body", "train", field]], field
 
 
 def test_a_huge_integer_is_a_4xx_not_a_500(client: TestClient) -> None:

@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import delete, event, select, text
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds.base import REPORTS, ReportName
+from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.models import FAILED, RUNNING, SUCCEEDED, Job, JobTag, utcnow
-from detlab.backend.schemas import JobCreate
 from detlab.backend.services.jobs import create_job, set_tags
-from detlab.backend.services.settle import list_verdict
 from detlab.core.settings import Settings
 from tests.backend.test_api import AUTH, TOKEN, TWO_CONFIGS, finish_collective_job, record_steps
 
@@ -49,10 +49,10 @@ def jobs(session: Session, settings: Settings) -> dict[str, Job]:
                        verdict="identical", age_h=50, configs=TWO_CONFIGS),
         "lm": add_job(session, settings, workload="tiny-lm", tags=("h200",), submitter="bo", status=SUCCEEDED,
                       verdict="diverged", age_h=30, configs=[{"preset": "default"}, {"preset": "full-deterministic"}]),
-        "coll": add_job(session, settings, kind="collective", workload=None, tags=("nccl",), submitter="ana",
-                        status=FAILED, verdict="not-reproducible", age_h=20,
+        "coll": add_job(session, settings, kind="collective", workload=None, steps=None, tags=("nccl",),
+                        submitter="ana", status=FAILED, verdict="not-reproducible", age_h=20,
                         configs=[{"preset": "nccl-ring-simple"}]),
-        "sweep": add_job(session, settings, kind="sweep", workload=None, status=RUNNING, age_h=10,
+        "sweep": add_job(session, settings, kind="sweep", workload=None, steps=None, status=RUNNING, age_h=10,
                          sweep={"knobs": {"NCCL_PROTO": ["LL", "Simple"]}}),
         "new": add_job(session, settings, tags=("paper",), submitter="bo"),
     }
@@ -163,17 +163,16 @@ def test_every_kind_has_its_verdict_in_the_list(client: TestClient, session: Ses
     assert ids(client, "verdict=reproducible") == [single.id, collective.id]
 
 
-@pytest.mark.parametrize("result, verdict", [
-    (None, None), ({}, None),
-    ({"verdict": "diverged"}, "diverged"),
-    ({"verdict": None, "reproducibility": [{"comparable": 1, "identical_to_first": 0}]}, "not-reproducible"),
-    ({"verdict": None, "reproducibility": [{"comparable": 0, "identical_to_first": 0}]}, None),
-    ({"cells": [{"reproducible": True}, {"reproducible": False}]}, "not-reproducible"),
-    ({"cells": [{"reproducible": True}]}, "reproducible"),
-    ({"cells": []}, None),
+@pytest.mark.parametrize("report, result, verdict", [
+    ("train", {"verdict": "diverged"}, "diverged"),
+    ("train", {"verdict": None, "reproducibility": [{"comparable": 1, "identical_to_first": 0}]}, "not-reproducible"),
+    ("train", {"verdict": None, "reproducibility": [{"comparable": 0, "identical_to_first": 0}]}, None),
+    ("collective", {"cells": [{"reproducible": True}, {"reproducible": False}]}, "not-reproducible"),
+    ("collective", {"cells": [{"reproducible": True}]}, "reproducible"),
+    ("collective", {"cells": []}, None),
 ])
-def test_list_verdict_of_a_result(result: dict | None, verdict: str | None) -> None:
-    assert list_verdict(result) == verdict
+def test_list_verdict_of_a_result(report: ReportName, result: dict, verdict: str | None) -> None:
+    assert REPORTS[report].verdict(result) == verdict
 
 
 # ---- tags ---------------------------------------------------------------------------------------

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session
 
-from detlab.backend.schemas import JobCreate
-from detlab.backend.services.jobs import CHANNEL_VARS, InvalidJob, create_job, expand_sweep
+from detlab.backend.kinds.base import InvalidJob
+from detlab.backend.kinds.registry import JobCreate
+from detlab.backend.kinds.sweep import CHANNEL_VARS, expand_sweep
+from detlab.backend.services.jobs import create_job
 from detlab.backend.services.workers import heartbeat
 from detlab.core import configs
 from detlab.core.settings import Settings

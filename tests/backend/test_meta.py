@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from detlab.backend.kinds.collective import MAX_SIZES
+from detlab.backend.kinds.registry import KINDS
+from detlab.backend.kinds.sweep import MAX_SWEEP_CELLS
 from detlab.backend.models import TAG_LENGTH
-from detlab.backend.schemas import JOB_KINDS, VERDICTS
-from detlab.backend.services.jobs import MAX_SIZES, MAX_SWEEP_CELLS
+from detlab.backend.schemas import VERDICTS
 from detlab.core.collective import DTYPE_BYTES, DTYPES, OPS
 from detlab.core.settings import Settings
 from detlab.core.wire import MAX_TAGS, TAG_PATTERN
@@ -36,4 +38,13 @@ def test_meta_limits_are_this_servers_settings(client: TestClient) -> None:
 def test_meta_lists_what_the_jobs_list_filters_on(client: TestClient) -> None:
     body = client.get("/api/v1/meta").json()
     assert body["job_statuses"] == ["queued", "running", "succeeded", "failed", "cancelled"]
-    assert (body["job_kinds"], body["verdicts"]) == (list(JOB_KINDS), list(VERDICTS))
+    assert (body["job_kinds"], body["verdicts"]) == (list(KINDS), list(VERDICTS))
+
+
+def test_meta_lists_the_kinds_of_the_registry_with_where_their_results_are(client: TestClient) -> None:
+    kinds = {k["name"]: k for k in client.get("/api/v1/meta").json()["kinds"]}
+    assert list(kinds) == list(KINDS)
+    assert {name for name, k in kinds.items() if k["submit"]} == {"train", "collective", "sweep", "batch-invariance",
+                                                                  "op-audit"}
+    assert (kinds["train"]["result"], kinds["collective"]["result"], kinds["op-audit"]["result"],
+            kinds["sweep"]["result"]) == ("comparison", "collective", "diagnosis", None)  # a sweep's: its `over`'s

@@ -207,7 +207,8 @@ def test_a_single_run_or_a_collective_job_has_no_checklist(client: TestClient, s
                                                           settings: Settings) -> None:
     single = make_run(session, settings).job
     assert "single run" in client.get(f"/api/v1/jobs/{single.id}/why").json()["detail"]
-    collective = make_run(session, settings, kind="collective", collective={"min_bytes": 4096, "max_bytes": 4096})
+    collective = make_run(session, settings, kind="collective", workload=None, steps=None,
+                          collective={"min_bytes": 4096, "max_bytes": 4096})
     resp = client.get(f"/api/v1/jobs/{collective.job_id}/why")
     assert resp.status_code == 422 and "compares training runs" in resp.json()["detail"]
     assert client.get("/api/v1/jobs/999/why").status_code == 404

@@ -58,7 +58,8 @@ def test_audit_json_lists_most_called_ops_first() -> None:
     ("op-audit", [{"ops": [{"nondeterministic": None}]}], None),
 ])
 def test_verdict_in_one_word(kind: str, configs: list, expected: str | None) -> None:
-    assert diagnosis.verdict(kind, configs) == expected
+    verdict = diagnosis.invariance_verdict if kind == "batch-invariance" else diagnosis.audit_verdict
+    assert verdict(configs) == expected
 
 
 @pytest.mark.parametrize(("features", "sizes", "problem"), [

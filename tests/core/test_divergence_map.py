@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from detlab.core.divergence_map import tensor_step_map
-from detlab.core.train import DIGEST_BYTES, RunData, StepData
+from detlab.core.runs import RunData, StepData
+from detlab.core.shards import DIGEST_BYTES
 
 
 def run(run_id: int, world_size: int, steps: int, tensors: int, parted: dict[tuple[int, int], set[int]]) -> RunData:

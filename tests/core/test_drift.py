@@ -3,11 +3,19 @@ that says rounding level or growth, and no chart at all where a run recorded no 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from detlab.core import drift, sketch
-from detlab.core.train import RunData, StepData, compare_runs
+from detlab.core.compare import compare_runs
+from detlab.core.runs import RunData, StepData
+
+
+def compared(a: RunData, b: RunData) -> dict[str, Any]:
+    """The comparison as a report stores it (detlab.core.results.RunComparison.stored)."""
+    return compare_runs(a, b).stored()
 
 TENSORS = [("w", [64, 64], "float32"), ("b", [64], "float32")]
 
@@ -37,20 +45,20 @@ def run(run_id: int, rel: dict[int, float], with_stats: bool = True, ranks: int 
 
 
 def test_identical_runs_are_at_distance_exactly_zero() -> None:
-    result = compare_runs(run(1, {0: 0, 1: 0, 2: 0}), run(2, {0: 0, 1: 0, 2: 0}))["drift"]
+    result = compared(run(1, {0: 0, 1: 0, 2: 0}), run(2, {0: 0, 1: 0, 2: 0}))["drift"]
     assert result["available"] and [p[1] for p in result["points"]] == [0.0, 0.0, 0.0]
     assert result["verdict"].startswith("distance 0 at 3 compared steps")
 
 
 def test_a_difference_at_rounding_level_stays_there() -> None:
-    result = compare_runs(run(1, {s: 0 for s in range(4)}), run(2, {0: 0, 1: 2**-24, 2: 2**-24, 3: 2**-24}))
+    result = compared(run(1, {s: 0 for s in range(4)}), run(2, {0: 0, 1: 2**-24, 2: 2**-24, 3: 2**-24}))
     found = result["drift"]
     assert found["points"][0][1] == 0.0 and 0 < found["max"] < 4 * 2**-23
     assert found["verdict"].startswith("stays at rounding level") and found["rounding_level"] == 2**-23
 
 
 def test_a_growing_difference_is_named_with_its_size_and_step() -> None:
-    result = compare_runs(run(1, {s: 0 for s in range(5)}), run(2, {0: 0, 1: 1e-7, 2: 1e-5, 3: 1e-3, 4: 1e-2}))
+    result = compared(run(1, {s: 0 for s in range(5)}), run(2, {0: 0, 1: 1e-7, 2: 1e-5, 3: 1e-3, 4: 1e-2}))
     found = result["drift"]
     assert found["max_step"] == 4 and found["max"] == pytest.approx(1e-2, rel=0.6)
     assert found["verdict"].startswith(f"grows to {found['max']:.2g} by step 4")
@@ -58,7 +66,7 @@ def test_a_growing_difference_is_named_with_its_size_and_step() -> None:
 
 
 def test_a_run_without_statistics_gives_no_chart_and_says_which() -> None:
-    result = compare_runs(run(1, {0: 0, 1: 1e-3}), run(2, {0: 0, 1: 0}, with_stats=False))["drift"]
+    result = compared(run(1, {0: 0, 1: 1e-3}), run(2, {0: 0, 1: 0}, with_stats=False))["drift"]
     assert not result["available"] and "run 2 recorded no parameter statistics" in result["reason"]
     assert "points" not in result
 
@@ -73,7 +81,7 @@ def test_long_runs_are_estimated_at_a_bounded_even_sample_of_steps() -> None:
 def test_ranks_that_drift_differently_are_shown_apart() -> None:
     a, b = run(1, {0: 0, 1: 0}, ranks=2), run(2, {0: 0, 1: 0}, ranks=2)
     b.records[(1, 1)] = step_data(params(1, 1e-3), "fp2:other")
-    found = compare_runs(a, b)["drift"]
+    found = compared(a, b)["drift"]
     assert found["points"][1][1] > 0 and set(found["ranks"]) == {"0", "1"}
     assert found["ranks"]["0"][1][1] == 0.0 and found["ranks"]["1"][1][1] == found["points"][1][1]
 
@@ -83,5 +91,5 @@ def test_many_ranks_keep_the_series_of_the_furthest_apart_only() -> None:
     a, b = run(1, {0: 0, 1: 0}, ranks=ranks), run(2, {0: 0, 1: 0}, ranks=ranks)
     for rank in range(ranks):
         b.records[(1, rank)] = step_data(params(1, 1e-6 * (rank + 1)), f"fp2:other{rank}")
-    kept = compare_runs(a, b)["drift"]["ranks"]
+    kept = compared(a, b)["drift"]["ranks"]
     assert list(kept) == [str(r) for r in range(4, ranks)]

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from detlab.core import positions
-from detlab.core.train import RunData, StepData, compare_runs
+from detlab.core.compare import compare_runs
+from detlab.core.runs import RunData, StepData
+
+
+def compared(a: RunData, b: RunData) -> dict[str, Any]:
+    """The comparison as a report stores it (detlab.core.results.RunComparison.stored)."""
+    return compare_runs(a, b).stored()
 
 
 def test_equal_positions_under_other_rank_numbers_line_up() -> None:
@@ -51,12 +59,12 @@ def _run(run_id: int, digests: dict[int, str], where: dict[int, int] | None) -> 
 def test_runs_whose_ranks_are_swapped_compare_identical_by_position() -> None:
     a = _run(1, {0: "aa", 1: "bb"}, {0: 0, 1: 1})
     b = _run(2, {0: "bb", 1: "aa"}, {0: 1, 1: 0})
-    result = compare_runs(a, b)
+    result = compared(a, b)
     assert result["verdict"] == "identical" and "run 2's ranks [0, 1] are numbered otherwise" in result["reason"]
-    by_number = compare_runs(_run(1, {0: "aa", 1: "bb"}, None), _run(2, {0: "bb", 1: "aa"}, None))
+    by_number = compared(_run(1, {0: "aa", 1: "bb"}, None), _run(2, {0: "bb", 1: "aa"}, None))
     assert by_number["verdict"] == "diverged" and by_number["ranks"] == [0, 1]
 
 
 def test_runs_whose_positions_do_not_line_up_are_incomparable() -> None:
-    result = compare_runs(_run(1, {0: "aa", 1: "bb"}, {0: 0, 1: 1}), _run(2, {0: "aa", 1: "bb"}, {0: 0, 1: 0}))
+    result = compared(_run(1, {0: "aa", 1: "bb"}, {0: 0, 1: 1}), _run(2, {0: "aa", 1: "bb"}, {0: 0, 1: 0}))
     assert result["verdict"] == "incomparable" and "positions do not line up" in result["reason"]

@@ -3,6 +3,10 @@ by shard, layouts that differ, and replicas that disagree within one run. Hand-b
 
 from __future__ import annotations
 
+from typing import Any
+
+from detlab.core.compare import compare_runs
+from detlab.core.runs import RunData, StepData
 from detlab.core.shards import (
     DIGEST_BYTES,
     RankTensor,
@@ -11,7 +15,11 @@ from detlab.core.shards import (
     replica_disagreements,
     replicated_count,
 )
-from detlab.core.train import RunData, StepData, compare_runs
+
+
+def compared(a: RunData, b: RunData) -> dict[str, Any]:
+    """The comparison as a report stores it (detlab.core.results.RunComparison.stored)."""
+    return compare_runs(a, b).stored()
 
 SHARD = "Shard(dim=0) on mesh [2] at [{r}], offset [{o}, 0] of [15, 8]"
 
@@ -49,7 +57,7 @@ def fsdp_run(run_id: int, **kwargs: object) -> RunData:
 
 
 def test_sharded_runs_with_equal_shards_are_identical() -> None:
-    result = compare_runs(fsdp_run(1), fsdp_run(2))
+    result = compared(fsdp_run(1), fsdp_run(2))
     assert (result["verdict"], result["mode"], result["replica_disagreements"]) == ("identical", "per-rank", [])
 
 
@@ -57,7 +65,7 @@ def test_a_changed_shard_is_named_with_its_rank_own_list() -> None:
     # rank 1's list holds one tensor only: index 0 there is its own shard, read with its own list
     a = make_run(1, {0: fsdp_tensors(0), 1: fsdp_tensors(1)[1:]})
     b = make_run(2, {0: fsdp_tensors(0), 1: fsdp_tensors(1)[1:]}, changed={(1, 1): digests(9)})
-    result = compare_runs(a, b)
+    result = compared(a, b)
     assert (result["first_divergent_step"], result["first_divergent_tensors"], result["ranks"]) == (
         1, ["fc1.weight.step"], [1])
 
@@ -65,7 +73,7 @@ def test_a_changed_shard_is_named_with_its_rank_own_list() -> None:
 def test_a_different_placement_makes_sharded_runs_incomparable() -> None:
     other = "Shard(dim=1) on mesh [2] at [{r}], offset [0, {o}] of [15, 8]"
     b = make_run(2, {0: fsdp_tensors(0, other), 1: fsdp_tensors(1, other)})
-    result = compare_runs(fsdp_run(1), b)
+    result = compared(fsdp_run(1), b)
     assert result["verdict"] == "incomparable"
     assert result["reason"] == ("rank 0: tensors sharded differently: ['fc1.weight'] (fc1.weight: Shard(dim=0) "
                                 "on mesh [2] at [0], offset [0, 0] of [15, 8] vs Shard(dim=1) on mesh [2] at [0], "
@@ -86,7 +94,7 @@ def test_sharded_runs_of_other_world_sizes_are_incomparable() -> None:
 
 def test_replicated_runs_keep_the_whole_list_messages() -> None:
     b = make_run(2, {0: ddp_tensors()[:2], 1: ddp_tensors()[:2]})
-    result = compare_runs(make_run(1, {0: ddp_tensors(), 1: ddp_tensors()}), b)
+    result = compared(make_run(1, {0: ddp_tensors(), 1: ddp_tensors()}), b)
     assert result["reason"] == "tensors present in one run only: ['fc1.bias']"
 
 
@@ -100,7 +108,7 @@ def test_a_replica_out_of_step_is_reported_at_its_first_step_with_every_rank_dig
     out_of_step = {(1, 1): digests(5, 2, 3), (2, 1): digests(5, 2, 6)}  # rank 1's fc1.weight from step 1 on
     run = make_run(1, {0: ddp_tensors(), 1: ddp_tensors()}, changed=out_of_step)
     result = compare_runs(run, make_run(2, {0: ddp_tensors(), 1: ddp_tensors()}))
-    assert result["replica_disagreements"] == [
+    assert [row.model_dump() for row in result.replica_disagreements] == [
         {"run": 1, "step": 1, "tensor": "fc1.weight", "ranks": {0: "fp2:" + "01" * 16, 1: "fp2:" + "05" * 16}}]
 
 
@@ -132,4 +140,4 @@ def test_steps_without_loaded_digests_are_skipped() -> None:
 def test_runs_without_per_rank_lists_report_no_replicas() -> None:
     run = make_run(1, {0: ddp_tensors(), 1: ddp_tensors()}, changed={(0, 1): digests(5, 2, 3)})
     run.rank_tensors = {}
-    assert compare_runs(run, run)["replica_disagreements"] == []
+    assert compared(run, run)["replica_disagreements"] == []

@@ -148,9 +148,9 @@ def test_a_gradient_changed_before_the_step_is_named_even_where_adam_hides_it(tm
 
 
 def detlab_compare(a: Path, b: Path) -> dict[str, Any]:
-    from detlab.core.train import compare_runs
+    from detlab.core.compare import compare_runs
 
-    return compare_runs(load_run(a, 1), load_run(b, 2))
+    return compare_runs(load_run(a, 1), load_run(b, 2)).stored()
 
 
 def test_a_parameter_changed_after_a_step_is_found_at_that_step(tmp_path: Path) -> None:

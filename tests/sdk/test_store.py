@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import detlab
-from detlab.core.train import compare_runs
+from detlab.core.compare import compare_runs
+from detlab.core.runs import RunData
 from detlab.sdk import RecordsError, load_run
+
+
+def compared(a: RunData, b: RunData) -> dict[str, Any]:
+    """The comparison as a report stores it (detlab.core.results.RunComparison.stored)."""
+    return compare_runs(a, b).stored()
 
 
 def recording(out: Path, steps: int = 3, *, close: bool = True) -> Path:
@@ -40,7 +47,7 @@ def test_a_last_line_cut_short_is_skipped_and_the_run_is_incomplete(tmp_path: Pa
     data = (b / "rank0.jsonl").read_bytes()
     (b / "rank0.jsonl").write_bytes(data[: len(data) - 40])  # the rank died writing step 2
     assert load_run(b).steps() == [0, 1]
-    result = compare_runs(load_run(a, 1), load_run(b, 2))
+    result = compared(load_run(a, 1), load_run(b, 2))
     assert (result["verdict"], result["missing"]) == ("incomplete", ["run 2 lacks 1 of 3 steps (2)"])
 
 
@@ -57,7 +64,7 @@ def test_a_run_that_never_closed_compares_incomplete(tmp_path: Path) -> None:
     a, b = recording(tmp_path / "a"), recording(tmp_path / "b", close=False)
     assert json.loads((b / "run.json").read_text())["status"] == "running"
     assert load_run(b).steps() == [0, 1, 2]  # every record handed over reached the file
-    result = compare_runs(load_run(a, 1), load_run(b, 2))
+    result = compared(load_run(a, 1), load_run(b, 2))
     assert result["verdict"] == "incomplete"
     assert result["missing"] == ["run 2 did not close (crashed, still running, or rec.close() was not called)"]
 

@@ -66,7 +66,7 @@ def api_url(engine: Engine, tmp_path: Path) -> Iterator[str]:
 
 
 def claimed_run(engine: Engine, settings: Settings, client: IngestClient) -> tuple[int, int]:
-    from detlab.backend.schemas import JobCreate
+    from detlab.backend.kinds.registry import JobCreate
     from detlab.backend.services.jobs import create_job
 
     with sessionmaker(engine)() as session:

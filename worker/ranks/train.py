@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from detlab.core.train import recorded_steps
+from detlab.core.runs import recorded_steps
 from detlab.core.wire import Drift, RankSpec, Record, StepRecord, TensorInfo, TensorsRecord
 from detlab.tensors import fingerprint as fp
 from detlab.tensors.drift import Sketcher

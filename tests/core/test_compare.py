@@ -1,15 +1,13 @@
-"""Unit tests of detlab.core.train on hand-built RunData: verdicts, loss curves, reproducibility, throughput, cost."""
+"""Unit tests of detlab.core.compare on hand-built RunData: verdicts, loss curves, reproducibility, throughput, cost."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
-from detlab.core.train import (
-    DIGEST_BYTES,
-    RunData,
-    StepData,
+from detlab.core.compare import (
     compare_runs,
     cost,
     cost_estimate,
@@ -17,6 +15,13 @@ from detlab.core.train import (
     reproducibility,
     throughput,
 )
+from detlab.core.runs import RunData, StepData
+from detlab.core.shards import DIGEST_BYTES
+
+
+def compared(a: RunData, b: RunData) -> dict[str, Any]:
+    """The comparison as a report stores it (detlab.core.results.RunComparison.stored)."""
+    return compare_runs(a, b).stored()
 
 TENSORS = [("fc1.weight", [8, 4], "float32"), ("fc1.bias", [8], "float32"), ("fc2.weight", [2, 8], "float32")]
 DIFFERENT = 200  # a digest byte no tensor of make_run holds
@@ -68,7 +73,7 @@ def set_loss(run: RunData, step: int, rank: int, loss: float | None) -> None:
 
 
 def test_identical_runs_are_identical() -> None:
-    result = compare_runs(make_run(1), make_run(2))
+    result = compared(make_run(1), make_run(2))
 
     assert result["verdict"] == "identical"
     assert result["first_divergent_step"] is None
@@ -78,7 +83,7 @@ def test_identical_runs_are_identical() -> None:
 
 
 def test_identical_runs_count_every_common_step() -> None:
-    result = compare_runs(make_run(1), make_run(2))
+    result = compared(make_run(1), make_run(2))
 
     assert result["steps_compared"] == 4
     assert result["steps_differing"] == 0
@@ -86,11 +91,11 @@ def test_identical_runs_count_every_common_step() -> None:
 
 
 def test_equal_world_sizes_compare_per_rank() -> None:
-    assert compare_runs(make_run(1), make_run(2))["mode"] == "per-rank"
+    assert compared(make_run(1), make_run(2))["mode"] == "per-rank"
 
 
 def test_result_names_both_runs() -> None:
-    result = compare_runs(make_run(7), make_run(9))
+    result = compared(make_run(7), make_run(9))
 
     assert (result["run_a"], result["run_b"]) == (7, 9)
 
@@ -99,7 +104,7 @@ def test_divergence_reports_first_step() -> None:
     b = make_run(2)
     perturb(b, step=2, rank=1, tensor=1)
 
-    result = compare_runs(make_run(1), b)
+    result = compared(make_run(1), b)
 
     assert result["verdict"] == "diverged"
     assert result["first_divergent_step"] == 2
@@ -109,14 +114,14 @@ def test_divergence_reports_differing_tensor_by_name() -> None:
     b = make_run(2)
     perturb(b, step=2, rank=1, tensor=1)
 
-    assert compare_runs(make_run(1), b)["first_divergent_tensors"] == ["fc1.bias"]
+    assert compared(make_run(1), b)["first_divergent_tensors"] == ["fc1.bias"]
 
 
 def test_divergence_reports_only_the_differing_rank() -> None:
     b = make_run(2, world_size=4)
     perturb(b, step=2, rank=3, tensor=1)
 
-    assert compare_runs(make_run(1, world_size=4), b)["ranks"] == [3]
+    assert compared(make_run(1, world_size=4), b)["ranks"] == [3]
 
 
 def test_divergence_unions_tensors_and_ranks_at_first_step_in_index_order() -> None:
@@ -124,7 +129,7 @@ def test_divergence_unions_tensors_and_ranks_at_first_step_in_index_order() -> N
     perturb(b, step=1, rank=2, tensor=2)
     perturb(b, step=1, rank=0, tensor=0)
 
-    result = compare_runs(make_run(1, world_size=4), b)
+    result = compared(make_run(1, world_size=4), b)
 
     assert result["first_divergent_tensors"] == ["fc1.weight", "fc2.weight"]
     assert result["ranks"] == [0, 2]
@@ -135,7 +140,7 @@ def test_first_divergent_tensors_come_from_first_step_only() -> None:
     perturb(b, step=1, rank=0, tensor=0)
     perturb(b, step=2, rank=0, tensor=2)
 
-    assert compare_runs(make_run(1), b)["first_divergent_tensors"] == ["fc1.weight"]
+    assert compared(make_run(1), b)["first_divergent_tensors"] == ["fc1.weight"]
 
 
 def test_later_differing_steps_are_counted() -> None:
@@ -143,7 +148,7 @@ def test_later_differing_steps_are_counted() -> None:
     for step in (1, 2, 4):  # step 3 happens to match again
         perturb(b, step=step, rank=0, tensor=0)
 
-    result = compare_runs(make_run(1, steps=range(6)), b)
+    result = compared(make_run(1, steps=range(6)), b)
 
     assert result["steps_differing"] == 3
     assert result["steps_compared"] == 6
@@ -155,7 +160,7 @@ def test_per_step_counts_distinct_tensors_differing() -> None:
     perturb(b, step=1, rank=1, tensor=0)
     perturb(b, step=1, rank=1, tensor=2)
 
-    per_step = compare_runs(make_run(1), b)["per_step"]
+    per_step = compared(make_run(1), b)["per_step"]
 
     assert per_step[1] == {"step": 1, "tensors_differing": 2}
 
@@ -166,7 +171,7 @@ def test_per_rank_mode_compares_replicas_rank_by_rank() -> None:
     perturb(a, step=2, rank=1, tensor=0)
     perturb(b, step=2, rank=1, tensor=0)
 
-    assert compare_runs(a, b)["verdict"] == "identical"
+    assert compared(a, b)["verdict"] == "identical"
 
 
 def test_rank_recorded_in_one_run_only_is_noted() -> None:
@@ -174,7 +179,7 @@ def test_rank_recorded_in_one_run_only_is_noted() -> None:
     for step in b.steps():
         del b.records[(step, 1)]
 
-    result = compare_runs(a, b)
+    result = compared(a, b)
 
     assert result["reason"] is not None and "rank" in result["reason"]
 
@@ -186,21 +191,21 @@ def test_runs_with_no_common_rank_are_not_identical() -> None:
         del b.records[(step, 0)]
     perturb_all_ranks(b, step=1, tensor=0)
 
-    assert compare_runs(a, b)["verdict"] != "identical"
+    assert compared(a, b)["verdict"] != "identical"
 
 
 # --- rank-consensus mode --------------------------------------------------------------------------
 
 
 def test_different_world_sizes_use_rank_consensus_mode() -> None:
-    result = compare_runs(make_run(1, world_size=2), make_run(2, world_size=4))
+    result = compared(make_run(1, world_size=2), make_run(2, world_size=4))
 
     assert result["mode"] == "rank-consensus"
     assert result["verdict"] == "identical"
 
 
 def test_rank_consensus_mode_is_explained_in_reason() -> None:
-    reason = compare_runs(make_run(1, world_size=2), make_run(2, world_size=4))["reason"]
+    reason = compared(make_run(1, world_size=2), make_run(2, world_size=4))["reason"]
 
     assert "rank-consensus" in reason
     assert "2 vs 4" in reason
@@ -210,7 +215,7 @@ def test_rank_consensus_runs_agreeing_internally_but_differing_diverge() -> None
     b = make_run(2, world_size=4)
     perturb_all_ranks(b, step=2, tensor=1)
 
-    result = compare_runs(make_run(1, world_size=2), b)
+    result = compared(make_run(1, world_size=2), b)
 
     assert result["verdict"] == "diverged"
     assert result["first_divergent_step"] == 2
@@ -221,7 +226,7 @@ def test_rank_consensus_divergence_reports_no_ranks() -> None:
     b = make_run(2, world_size=4)
     perturb_all_ranks(b, step=2, tensor=1)
 
-    assert compare_runs(make_run(1, world_size=2), b)["ranks"] == []
+    assert compared(make_run(1, world_size=2), b)["ranks"] == []
 
 
 def test_rank_consensus_replicas_disagreeing_inside_a_run_count_as_differing() -> None:
@@ -229,7 +234,7 @@ def test_rank_consensus_replicas_disagreeing_inside_a_run_count_as_differing() -
     b = make_run(2, world_size=4)
     perturb(b, step=1, rank=3, tensor=2)
 
-    result = compare_runs(make_run(1, world_size=2), b)
+    result = compared(make_run(1, world_size=2), b)
 
     assert result["first_divergent_step"] == 1
     assert result["first_divergent_tensors"] == ["fc2.weight"]
@@ -240,21 +245,21 @@ def test_rank_consensus_replicas_disagreeing_in_both_runs_count_as_differing() -
     perturb(a, step=1, rank=1, tensor=0)
     perturb(b, step=1, rank=1, tensor=0)
 
-    assert compare_runs(a, b)["verdict"] == "diverged"
+    assert compared(a, b)["verdict"] == "diverged"
 
 
 # --- incomparable ---------------------------------------------------------------------------------
 
 
 def test_different_workloads_are_incomparable() -> None:
-    result = compare_runs(make_run(1, workload="mlp"), make_run(2, workload="tiny-lm"))
+    result = compared(make_run(1, workload="mlp"), make_run(2, workload="tiny-lm"))
 
     assert result["verdict"] == "incomparable"
     assert result["reason"] == "different workloads: mlp vs tiny-lm"
 
 
 def test_incomparable_result_has_empty_comparison_fields() -> None:
-    result = compare_runs(make_run(1, workload="mlp"), make_run(2, workload="tiny-lm"))
+    result = compared(make_run(1, workload="mlp"), make_run(2, workload="tiny-lm"))
 
     assert result["mode"] is None
     assert result["steps_compared"] == 0
@@ -265,7 +270,7 @@ def test_incomparable_result_has_empty_comparison_fields() -> None:
 def test_tensor_present_in_one_run_only_is_named() -> None:
     extra = [*TENSORS, ("fc2.bias", [2], "float32")]
 
-    result = compare_runs(make_run(1), make_run(2, tensors=extra))
+    result = compared(make_run(1), make_run(2, tensors=extra))
 
     assert result["verdict"] == "incomparable"
     assert "fc2.bias" in result["reason"]
@@ -275,7 +280,7 @@ def test_tensor_present_in_one_run_only_is_named() -> None:
 def test_tensor_with_different_shape_is_named() -> None:
     reshaped = [TENSORS[0], ("fc1.bias", [16], "float32"), TENSORS[2]]
 
-    result = compare_runs(make_run(1), make_run(2, tensors=reshaped))
+    result = compared(make_run(1), make_run(2, tensors=reshaped))
 
     assert result["verdict"] == "incomparable"
     assert "different shape or dtype: ['fc1.bias']" in result["reason"]
@@ -284,28 +289,28 @@ def test_tensor_with_different_shape_is_named() -> None:
 def test_tensor_order_difference_is_incomparable() -> None:
     reordered = [TENSORS[1], TENSORS[0], TENSORS[2]]
 
-    result = compare_runs(make_run(1), make_run(2, tensors=reordered))
+    result = compared(make_run(1), make_run(2, tensors=reordered))
 
     assert result["verdict"] == "incomparable"
     assert result["reason"] == "tensor order differs"
 
 
 def test_run_without_records_is_incomparable_and_named() -> None:
-    result = compare_runs(make_run(1), make_run(2, steps=[]))
+    result = compared(make_run(1), make_run(2, steps=[]))
 
     assert result["verdict"] == "incomparable"
     assert result["reason"] == "run(s) 2 recorded no steps"
 
 
 def test_runs_without_common_step_are_incomparable() -> None:
-    result = compare_runs(make_run(1, steps=[0, 1]), make_run(2, steps=[2, 3]))
+    result = compared(make_run(1, steps=[0, 1]), make_run(2, steps=[2, 3]))
 
     assert result["verdict"] == "incomparable"
     assert result["reason"] == "the runs share no recorded step"
 
 
 def test_a_truncated_run_is_incomplete_never_identical() -> None:
-    result = compare_runs(make_run(1, steps=range(11)), make_run(2, steps=range(4)))
+    result = compared(make_run(1, steps=range(11)), make_run(2, steps=range(4)))
 
     assert result["verdict"] == "incomplete"
     assert result["steps_compared"] == 4
@@ -317,7 +322,7 @@ def test_a_run_short_of_its_expected_steps_is_incomplete_even_when_both_stop_tog
     a, b = make_run(1, steps=range(4)), make_run(2, steps=range(4))
     a.expected_steps = b.expected_steps = list(range(11))
 
-    result = compare_runs(a, b)
+    result = compared(a, b)
 
     assert result["verdict"] == "incomplete"
     assert result["missing"] == ["run 1 lacks 7 of 11 steps (4-10)", "run 2 lacks 7 of 11 steps (4-10)"]
@@ -327,7 +332,7 @@ def test_a_rank_missing_at_a_step_is_incomplete() -> None:
     b = make_run(2)
     del b.records[(3, 1)]
 
-    result = compare_runs(make_run(1), b)
+    result = compared(make_run(1), b)
 
     assert result["verdict"] == "incomplete"
     assert result["missing"] == ["run 2 lacks ranks at 1 step(s) (3; step 3 has ranks [0] of 2)"]
@@ -337,15 +342,15 @@ def test_a_failed_run_is_incomplete_even_with_every_step() -> None:
     b = make_run(2)
     b.status = "failed"
 
-    assert compare_runs(make_run(1), b)["verdict"] == "incomplete"
-    assert compare_runs(make_run(1), b)["missing"] == ["run 2 failed"]
+    assert compared(make_run(1), b)["verdict"] == "incomplete"
+    assert compared(make_run(1), b)["missing"] == ["run 2 failed"]
 
 
 def test_a_divergence_before_the_truncation_is_still_a_divergence_with_what_is_missing() -> None:
     b = make_run(2, steps=range(3))
     perturb(b, step=1, rank=0, tensor=0)
 
-    result = compare_runs(make_run(1, steps=range(5)), b)
+    result = compared(make_run(1, steps=range(5)), b)
 
     assert (result["verdict"], result["first_divergent_step"]) == ("diverged", 1)
     assert result["missing"] == ["run 2 lacks 2 of 5 steps (3-4)"]
@@ -356,14 +361,14 @@ def test_complete_identical_runs_have_nothing_missing() -> None:
     a.expected_steps = b.expected_steps = [0, 1, 2, 3]
     a.status = b.status = "succeeded"
 
-    assert (compare_runs(a, b)["verdict"], compare_runs(a, b)["missing"]) == ("identical", [])
+    assert (compared(a, b)["verdict"], compared(a, b)["missing"]) == ("identical", [])
 
 
 def test_step_in_one_run_only_does_not_hide_divergence() -> None:
     b = make_run(2, steps=range(3))
     perturb(b, step=2, rank=0, tensor=0)
 
-    assert compare_runs(make_run(1, steps=range(5)), b)["first_divergent_step"] == 2
+    assert compared(make_run(1, steps=range(5)), b)["first_divergent_step"] == 2
 
 
 # --- loss curves ----------------------------------------------------------------------------------
@@ -374,7 +379,7 @@ def test_loss_curve_is_mean_of_rank_losses() -> None:
     set_loss(a, 1, 0, 1.0)
     set_loss(a, 1, 1, 3.0)
 
-    assert compare_runs(a, make_run(2, steps=[1]))["loss"]["a"] == [[1, 2.0]]
+    assert compared(a, make_run(2, steps=[1]))["loss"]["a"] == [[1, 2.0]]
 
 
 def test_loss_curve_skips_ranks_without_loss() -> None:
@@ -382,7 +387,7 @@ def test_loss_curve_skips_ranks_without_loss() -> None:
     set_loss(a, 1, 0, None)
     set_loss(a, 1, 1, 3.0)
 
-    assert compare_runs(a, make_run(2, steps=[1]))["loss"]["a"] == [[1, 3.0]]
+    assert compared(a, make_run(2, steps=[1]))["loss"]["a"] == [[1, 3.0]]
 
 
 def test_loss_curve_skips_steps_without_any_loss() -> None:
@@ -391,11 +396,11 @@ def test_loss_curve_skips_steps_without_any_loss() -> None:
     for rank in a.ranks():
         set_loss(a, 0, rank, None)
 
-    assert [s for s, _ in compare_runs(a, make_run(2, steps=range(3)))["loss"]["a"]] == [1, 2]
+    assert [s for s, _ in compared(a, make_run(2, steps=range(3)))["loss"]["a"]] == [1, 2]
 
 
 def test_loss_curve_covers_common_steps_only() -> None:
-    result = compare_runs(make_run(1, steps=range(5), loss=0.5), make_run(2, steps=range(3), loss=0.5))
+    result = compared(make_run(1, steps=range(5), loss=0.5), make_run(2, steps=range(3), loss=0.5))
 
     assert result["loss"]["a"] == [[0, 0.5], [1, 0.5], [2, 0.5]]
 
@@ -567,12 +572,12 @@ def test_reproducibility_is_unknown_when_every_repeat_died() -> None:
 def test_runs_fingerprinted_with_different_versions_are_incomparable() -> None:
     a, b = make_run(1), make_run(2)
     b.fp_versions = {"fp2"}
-    result = compare_runs(a, b)
+    result = compared(a, b)
     assert result["verdict"] == "incomparable" and "fingerprint versions differ" in result["reason"]
 
 
 def test_model_digests_alone_find_the_divergence_and_detail_is_shown_where_loaded() -> None:
-    from detlab.core.train import differing_steps
+    from detlab.core.compare import differing_steps
 
     a, b = make_run(1), make_run(2)
     perturb(b, step=2, rank=1, tensor=2)
@@ -583,7 +588,7 @@ def test_model_digests_alone_find_the_divergence_and_detail_is_shown_where_loade
             if key[0] != 2:
                 data.digests = None  # only step 2's packed digests are loaded
     assert differing_steps(a, b) == [2, 3]
-    result = compare_runs(a, b)
+    result = compared(a, b)
     assert result["first_divergent_step"] == 2 and result["ranks"] == [1]
     assert result["first_divergent_tensors"] == [TENSORS[2][0]]
     assert [p["tensors_differing"] for p in result["per_step"]] == [0, 0, 1, None]

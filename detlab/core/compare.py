@@ -6,76 +6,15 @@ Pure functions over plain data (see RunData); no database. Semantics: ../shared 
 
 from __future__ import annotations
 
-import math
 import statistics
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from detlab.core import collective_calls, drift, positions, shards
-from detlab.core.shards import DIGEST_BYTES, RankTensor
-
-
-@dataclass(slots=True)
-class StepData:
-    digests: bytes | None  # DIGEST_BYTES per tensor in tensor-index order; None when not loaded
-    loss: float | None
-    step_time_s: float
-    model_digest: str | None = None  # digest of `digests`: enough to tell equal from different
-    # Drift statistics (detlab.core.sketch): the version when the step has them; stats and sketch once loaded.
-    drift_version: str | None = None
-    stats: bytes | None = None
-    sketch: bytes | None = None
-
-    def key(self) -> str | bytes | None:
-        return self.model_digest if self.model_digest is not None else self.digests
-
-
-@dataclass
-class RunData:
-    run_id: int
-    workload: str
-    world_size: int
-    tensors: list[tuple[str, list[int], str]]  # (name, shape, dtype) by index
-    records: dict[tuple[int, int], StepData] = field(default_factory=dict)  # (step, rank) -> data
-    fp_versions: set[str] = field(default_factory=set)  # versions seen (empty: unknown); others never compare
-    # What the run was meant to record (None: unknown, judged against the other run only) and how it ended.
-    expected_steps: list[int] | None = None
-    status: str | None = None
-    # SDK recordings: each rank's own list, with DTensor placements and replicas (detlab.core.shards). Empty:
-    # every rank recorded `tensors`, and nothing is known of replicas.
-    rank_tensors: dict[int, list[RankTensor]] = field(default_factory=dict)
-    # rank -> its logical position ({"dp": 0, "tp": 1}); empty: not recorded (ranks meet by number).
-    positions: dict[int, dict[str, int]] = field(default_factory=dict)
-    rank_note: str | None = None  # set when its ranks were renumbered to meet another run's (line_up)
-    # Per (step, rank): the collective calls it recorded (detlab.core.collective_calls); empty: none recorded.
-    calls: collective_calls.RunCalls = field(default_factory=dict)
-    comm_logs: list[dict[str, Any]] | None = None  # its ranks' parsed NCCL/RCCL logs; None: none recorded
-    # steps() and ranks() are asked once per step of a comparison: cached while `records` keeps its size.
-    _cache: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False, compare=False)
-
-    def _keys(self, part: int) -> list[int]:
-        name = "steps" if part == 0 else "ranks"
-        size, found = self._cache.get(name, (-1, []))
-        if size != len(self.records):
-            found = sorted({key[part] for key in self.records})
-            self._cache[name] = (len(self.records), found)
-        return found
-
-    def steps(self) -> list[int]:
-        return self._keys(0)
-
-    def ranks(self) -> list[int]:
-        return self._keys(1)
-
-    def at(self, step: int, ranks: list[int]) -> list[StepData]:
-        return [d for r in ranks if (d := self.records.get((step, r))) is not None]
-
-
-def recorded_steps(steps: int, interval: int) -> list[int]:
-    """The steps a train run fingerprints: 0 (the initial weights), every `interval`-th, and the last."""
-    return [0, *(s for s in range(1, steps + 1) if s % interval == 0 or s == steps)]
+from detlab.core.results import RunComparison
+from detlab.core.runs import RunData, StepData, mean_loss
+from detlab.core.shards import DIGEST_BYTES
 
 
 def _table(digests: bytes) -> np.ndarray:
@@ -184,18 +123,11 @@ def missing_data(a: RunData, b: RunData) -> list[str]:
     return out
 
 
-def mean_loss(run: RunData, step: int) -> float | None:
-    # Ranks hold equal slices of a fixed global batch, so the mean of rank losses is the global loss.
-    losses = [loss for r in run.ranks() if (step, r) in run.records
-              and (loss := run.records[(step, r)].loss) is not None]
-    return math.fsum(losses) / len(losses) if losses else None  # statistics.fmean, without its overhead
-
-
 def _loss_curve(run: RunData, steps: list[int]) -> list[list[float]]:
     return [[s, loss] for s in steps if (loss := mean_loss(run, s)) is not None]
 
 
-def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
+def compare_runs(a: RunData, b: RunData) -> RunComparison:
     """Verdict between two runs: identical, diverged (where first), incomplete (no difference among
     the steps both recorded, but one lacks steps, ranks or did not finish: never `identical`) or
     incomparable (why). `missing` lists what is missing, whatever the verdict.
@@ -210,11 +142,12 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     calls = compare_calls(a, b, alignment)
     reason = alignment.reason or _incomparable(a, b)
     if reason:
-        return {"verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
+        return RunComparison.model_validate({
+                "verdict": "incomparable", "reason": reason, "mode": None, "run_a": a.run_id, "run_b": b.run_id,
                 "first_divergent_step": None, "first_divergent_tensors": [], "ranks": [],
                 "steps_differing": 0, "steps_compared": 0, "per_step": [], "loss": {"a": [], "b": []},
                 "missing": [], "replica_disagreements": replicas, "collectives": calls,
-                "drift": {"available": False, "reason": f"incomparable runs: {reason}"}}
+                "drift": {"available": False, "reason": f"incomparable runs: {reason}"}})
     names = [t[0] for t in a.tensors]
     steps = sorted(set(a.steps()) & set(b.steps()))
     per_rank = a.world_size == b.world_size
@@ -248,7 +181,7 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
     if lone_steps:
         notes.append(f"{len(lone_steps)} recorded step(s) exist in one run only and were not compared")
     missing = missing_data(a, b)
-    return {
+    return RunComparison.model_validate({
         "verdict": "diverged" if first_step is not None else "incomplete" if missing else "identical",
         "reason": "; ".join(notes) or None,
         "mode": "per-rank" if per_rank else "rank-consensus",
@@ -265,7 +198,7 @@ def compare_runs(a: RunData, b: RunData) -> dict[str, Any]:
         "replica_disagreements": replicas,
         "drift": drift.compare(a, b, per_rank),
         "collectives": calls,
-    }
+    })
 
 
 def compare_calls(a: RunData, b: RunData, alignment: positions.Alignment) -> dict[str, Any] | None:
@@ -310,10 +243,10 @@ def reproducibility(repeats: list[RunData]) -> dict[str, Any]:
     identical; a repeat that recorded nothing says nothing. Rate None with nothing comparable."""
     recorded = [r for r in repeats if r.records]
     results = [compare_runs(recorded[0], other) for other in recorded[1:]]
-    verdicts = [r["verdict"] for r in results]
+    verdicts = [r.verdict for r in results]
     same = verdicts.count("identical")
     comparable = same + verdicts.count("diverged")
-    parted = [r["first_divergent_step"] for r in results if r["verdict"] == "diverged"]
+    parted = [r.first_divergent_step for r in results if r.verdict == "diverged" and r.first_divergent_step is not None]
     return {"repeats": len(repeats), "recorded": len(recorded), "comparable": comparable,
             "identical_to_first": same, "incomplete": verdicts.count("incomplete"),
             "incomparable": verdicts.count("incomparable"), "rate": same / comparable if comparable else None,

@@ -1,0 +1,414 @@
+"""The results the core computes, typed: a comparison of two runs (detlab.core.compare) and a train job's result,
+a collective job's, a diagnosis job's, a bisect's. The server stores them as JSON and serves these models; the CLI
+reads them back and says what they mean (summary, gate).
+
+Rows whose keys vary by source (a collective cell, an effective-config flag) stay dicts."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# A key a model does not declare is dropped (a stored result from before a key was removed still loads); the test
+# suite sets DETLAB_STRICT_RESULTS=1 (tests/conftest.py), so that a key a report writes undeclared fails there.
+EXTRA: Literal["ignore", "forbid"] = "forbid" if os.environ.get("DETLAB_STRICT_RESULTS") == "1" else "ignore"
+
+
+class Result(BaseModel):
+    """A result or a row of one. Stored results (a JSON column) load from before a key was added: every key added
+    later has a default. A key a model does not know (one an older report wrote, since dropped) is left out."""
+
+    model_config = ConfigDict(extra=EXTRA)
+
+
+class KeyDiff(Result):
+    """A key whose value differs between A and B (a config's dotted key, a log fact)."""
+
+    key: str
+    a: Any
+    b: Any
+
+
+class ThroughputRow(Result):
+    config_index: int
+    name: str
+    world_size: int | None = None  # the config's runs' (results stored before it was recorded lack it)
+    samples_per_s: float | None
+    spread: list[float] | None
+    step_time_ms_median: float | None
+    runs: int
+    cost: float | None
+    cost_interval: list[float] | None = None  # bootstrap 95 % interval of the cost
+    within_noise: bool | None = None  # the interval spans 0
+    cost_text: str = ""
+
+
+class ReproducibilityRow(Result):
+    config_index: int
+    name: str
+    repeats: int
+    recorded: int
+    comparable: int = 0  # repeats compared with the first that were identical or diverged
+    identical_to_first: int
+    incomplete: int = 0
+    incomparable: int = 0
+    rate: float | None  # identical_to_first / comparable
+    first_divergent_step: int | None = None  # the earliest step a repeat parted from the first
+
+
+class StepDiff(Result):
+    """One step, or (thinned) the bucket of steps step..to_step: the most tensors differing at one of
+    them and how many of its steps differ."""
+
+    step: int
+    tensors_differing: int | None
+    to_step: int | None = None
+    steps_differing: int | None = None
+    steps: int | None = None
+
+
+class Downsampled(Result):
+    """How a comparison's per-step series were thinned: ask for a step window to see it in full."""
+
+    steps: int
+    points: int
+    steps_per_point: int
+
+
+class StepWindow(Result):
+    from_step: int
+    to_step: int
+
+
+class DivergenceMap(Result):
+    """Where the compared runs' per-tensor digests differ, tensor × step (detlab.core.divergence_map): only
+    differing cells, tensors and steps capped (`truncated`, `note`); cells are [step, index into tensors,
+    index into rank_sets]; rank sets are empty in rank-consensus mode."""
+
+    mode: str
+    steps: list[int]
+    tensors: list[str]
+    rank_sets: list[list[int]]
+    cells: list[tuple[int, int, int]]
+    steps_differing: int
+    tensors_differing: int
+    truncated: bool
+    note: str | None = None
+
+
+class DriftEstimate(Result):
+    """How far the compared runs drift apart (detlab.core.drift): per sampled step the estimate of ‖A−B‖/‖A‖
+    (`points`, the worst rank; `ranks` per rank where they differ) and |Δloss|, the dtype's one-ulp relative
+    rounding level, and the verdict text; `available` false with `reason` when a run recorded no statistics."""
+
+    available: bool
+    reason: str | None = None
+    version: str | None = None
+    k: int | None = None
+    relative_error: float | None = None
+    points: list[tuple[int, float]] = Field(default_factory=list)
+    ranks: dict[str, list[tuple[int, float]]] = Field(default_factory=dict)
+    loss_delta: list[tuple[int, float]] = Field(default_factory=list)
+    dtype: str | None = None
+    rounding_level: float | None = None
+    max: float | None = None
+    max_step: int | None = None
+    sampled: bool = False
+    verdict: str | None = None
+
+
+class EnvFact(Result):
+    key: str
+    a: Any
+    b: Any
+    differs: bool
+
+
+class CollectiveCalls(Result):
+    """The runs' collective calls compared (detlab.core.collective_calls): `status` identical | differs |
+    not-recorded | incomparable; `first`: the first call whose output differs, its cause (reduction-order,
+    carried, calls-differ) and, for reduction-order, what the NCCL logs show NCCL chose at its size."""
+
+    status: str
+    calls_compared: int
+    first: dict[str, Any] | None = None
+    text: str | None = None
+
+
+class JobResult(Result):
+    """A job's result as `detlab submit --wait` reads it back: what it says in a line or more, and why it fails
+    `--check` / `--max-cost` (nothing: it passes). A cost fails only when its whole 95 % interval lies above the
+    limit: noise never fails a gate."""
+
+    def summary(self, *, job_id: int, status: str, verdict: str | None, url: str) -> list[str]:
+        return [f"job {job_id} {status}: {verdict or 'nothing measured'}; {url}"]
+
+    def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:
+        return []
+
+
+class ReplicaDisagreement(Result):
+    """Within one run: the first step where ranks that must hold bit-equal copies of a tensor do not
+    (detlab.core.shards), with each rank's digest."""
+
+    run: int
+    step: int
+    tensor: str
+    ranks: dict[int, str]
+
+
+class RunComparison(Result):
+    """Two runs compared (detlab.core.compare.compare_runs): the verdict, where they part, what is missing, how far
+    they drift apart and what their collective calls say."""
+
+    verdict: str | None
+    reason: str | None
+    mode: str | None = None
+    run_a: int | None = None
+    run_b: int | None = None
+    first_divergent_step: int | None = None
+    first_divergent_tensors: list[str] = Field(default_factory=list)
+    ranks: list[int] = Field(default_factory=list)
+    steps_differing: int = 0
+    steps_compared: int = 0
+    per_step: list[StepDiff] = Field(default_factory=list)
+    loss: dict[str, list[tuple[int, float | None]]] = Field(default_factory=dict)
+    missing: list[str] = Field(default_factory=list)
+    # Replicas within either run that disagree (absent from results stored before they were checked)
+    replica_disagreements: list[ReplicaDisagreement] = Field(default_factory=list)
+    drift: DriftEstimate | None = None  # absent from results stored before drift was estimated
+    collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
+
+    def stored(self) -> dict[str, Any]:
+        """As a report stores it (JSON: tuples as lists, NaN as null): the keys the comparison set, nothing added."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class Comparison(RunComparison):
+    """Two runs of the server compared: the comparison, with where they part tensor × step, how their configs and
+    environments differ, and how its per-step series were thinned."""
+
+    divergence_map: DivergenceMap | None = None  # diverged pairs only
+    config_diff: list[KeyDiff]
+    environment: list[EnvFact] = Field(default_factory=list)
+    downsampled: Downsampled | None = None  # per_step and loss thinned (null: in full)
+
+
+class TrainResult(Comparison, JobResult):
+    """GET /jobs/{id}/comparison: the verdict between the first runs of the first two configs, throughput
+    and cost per config, reproducibility of repeats. A single-config job has no two-run keys (mode … missing,
+    environment): they are absent, not null."""
+
+    throughput: list[ThroughputRow]
+    reproducibility: list[ReproducibilityRow]
+    effective_mismatches: list[dict[str, Any]]
+    window: StepWindow | None = None  # present when a step window was asked for
+
+    def summary(self, *, job_id: int, status: str, verdict: str | None, url: str) -> list[str]:
+        lines = [f"job {job_id} {status}: verdict {self.verdict}, first divergent step {self.first_divergent_step}, "
+                 f"tensors {self.first_divergent_tensors}"]
+        lines += [f"  missing: {missing}" for missing in self.missing]
+        lines += [f"  config {row.config_index} {row.name}: cost {row.cost_text or '—'}" for row in self.throughput]
+        return lines
+
+    def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:
+        failures = []
+        if check and self.verdict is not None:  # two configs: their pair
+            if self.verdict != "identical":
+                failures.append(f"verdict {self.verdict}" + (f": {self.reason}" if self.reason else ""))
+        elif check:  # one config: its repeats
+            rows = self.reproducibility or [ReproducibilityRow(config_index=0, name="?", repeats=0, recorded=0,
+                                                               identical_to_first=0, rate=None)]
+            for row in rows:
+                if not row.comparable:
+                    failures.append(f"config {row.config_index} {row.name}: no comparable repeats")
+                elif row.identical_to_first != row.comparable:
+                    failures.append(f"config {row.config_index} {row.name}: {row.identical_to_first} of "
+                                    f"{row.comparable} comparable repeats identical to the first")
+        if max_cost is not None:
+            for tp in self.throughput:
+                if tp.config_index == 0:
+                    continue
+                if tp.cost_interval is None:
+                    failures.append(f"config {tp.config_index} {tp.name}: cost {tp.cost_text}; no interval to "
+                                    "hold against --max-cost")
+                elif tp.cost_interval[0] * 100 > max_cost:
+                    failures.append(f"config {tp.config_index} {tp.name}: {tp.cost_text}, above --max-cost "
+                                    f"{max_cost:g}%")
+        return failures
+
+
+class CollectiveConfig(Result):
+    index: int
+    name: str
+    env: dict[str, Any]
+
+
+class EqualityRow(Result):
+    op: str
+    dtype: str
+    bytes: int
+    equal: list[list[bool | None]]
+
+
+class CollectiveResult(JobResult):
+    """GET /jobs/{id}/collective: per config × (op, dtype, size) cells, cross-config equality, effective
+    settings from NCCL/RCCL logs, and the nccl-tests-style export."""
+
+    world_size: int
+    configs: list[CollectiveConfig]
+    cells: list[dict[str, Any]]
+    equality: list[EqualityRow]
+    effective: list[dict[str, Any]]
+    logs: list[dict[str, Any]]
+    note: str | None
+    export: dict[str, Any]
+
+    def summary(self, *, job_id: int, status: str, verdict: str | None, url: str) -> list[str]:
+        good = sum(bool(c.get("reproducible")) for c in self.cells)
+        return [f"job {job_id} {status}: {good}/{len(self.cells)} cells reproducible; {url}"]
+
+    def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:
+        bad = [c for c in self.cells if not c.get("reproducible")]
+        return [f"{len(bad)} of {len(self.cells)} cells not reproducible"] if check and (bad or not self.cells) else []
+
+
+class InvarianceRow(Result):
+    op: str
+    dtype: str
+    batch_size: int
+    invariant: bool
+    max_ulp: int
+
+
+class FirstBreak(Result):
+    op: str
+    dtype: str
+    first_break: int | None
+
+
+class ModelInvariance(Result):
+    workload: str
+    batch_sizes: list[int]
+    invariant: bool
+    first_module: str | None
+    first_break: int | None
+
+
+class AuditOp(Result):
+    op: str
+    count: int
+    nondeterministic: bool | None
+    evidence: str
+
+
+class DiagnosisConfig(Result):
+    """One config of a diagnosis job: where it ran and under which flags, and what it measured (the keys of
+    its kind: results/summary/model for batch-invariance, ops/ineffective for op-audit)."""
+
+    index: int
+    label: str
+    device: str | None
+    tf32: bool | None = None
+    torch_flags: dict[str, Any] | None = None
+    threads: int | None = None
+    results: list[InvarianceRow] | None = None
+    summary: list[FirstBreak] | None = None
+    model: ModelInvariance | None = None
+    ops: list[AuditOp] | None = None
+    ineffective: list[str] | None = None
+
+
+class DiagnosisResult(JobResult):
+    """GET /jobs/{id}/diagnosis: a batch-invariance or op-audit job's result, per config."""
+
+    kind: str  # the job's kind (batch-invariance, op-audit)
+    workload: str | None
+    configs: list[DiagnosisConfig]
+
+    def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:
+        if check and verdict not in ("invariant", "deterministic"):
+            return [f"verdict {verdict or 'none: nothing was measured'}"]
+        return []
+
+
+class BisectEntry(Result):
+    """The first differing entry of a bisect's probe step in execution order (detlab.core.bisect.diagnose)."""
+
+    entry: str
+    index: int
+    phase: str
+    name: str
+    call: int | None = None
+    slot: str | None = None
+    shape: list[int] = Field(default_factory=list)
+    dtype: str = ""
+    ranks: list[int]
+    explanation: str | None = None
+
+
+class BisectModule(Result):
+    """The first divergent module call of a bisect: introduced (its inputs matched) or carried (they did not)."""
+
+    module: str
+    shown: str
+    type: str | None = None
+    phase: str
+    call: int | None = None
+    entry: str
+    ranks: list[int]
+    differing_inputs: list[str] = Field(default_factory=list)
+    differing_outputs: list[str] = Field(default_factory=list)
+    inputs_matched: bool = True
+    verdict: Literal["introduced", "carried"] | None = None
+    own_state_differs: bool = False
+    arose_in: list[str] | None = None  # set when the difference arose outside any module call
+
+
+class ModuleRow(Result):
+    """One module of the model's tree: depth, class, calls made at the probe step, and its status."""
+
+    module: str
+    shown: str
+    depth: int
+    type: str
+    calls: int
+    status: Literal["equal", "differs", "first difference", "not called"]
+    state_differs: bool
+    verdict: Literal["introduced", "carried"] | None = None
+    differing: list[str]
+
+
+class Diagnosis(Result):
+    first: BisectEntry | None
+    first_module: BisectModule | None
+    state_differs: list[str]
+    tree: list[ModuleRow]
+    entries: int
+    entries_differing: int
+    summary: str
+
+
+class BisectResult(JobResult):
+    """GET /jobs/{id}/bisect: the replay's verdict (as a train pair's), and where in the step the runs part."""
+
+    verdict: str
+    reason: str | None
+    mode: str | None = None
+    run_a: int | None = None
+    run_b: int | None = None
+    first_divergent_step: int | None = None
+    ranks: list[int] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
+    source: dict[str, Any]
+    step: int
+    diagnosis: Diagnosis | None
+    config_diff: list[KeyDiff]
+    environment: list[EnvFact] = Field(default_factory=list)
+
+
+# The result each report path serves (GET /jobs/{id}/<path>; a job names its own: JobRead.result).
+RESULTS: dict[str, type[JobResult]] = {"comparison": TrainResult, "collective": CollectiveResult,
+                                       "diagnosis": DiagnosisResult, "bisect": BisectResult}
