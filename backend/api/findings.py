@@ -39,6 +39,7 @@ class MatrixCell(Cost):
     latest_job_id: int | None
     busbw_gbps: float | None
     trend: list[float | None]
+    lacks: str | None = None  # with nothing comparable: what is not measured, and how to measure it
 
 
 class Bucket(BaseModel):

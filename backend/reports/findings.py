@@ -138,7 +138,18 @@ def train_cells(source: str, job: dict[str, Any], result: dict[str, Any], facts:
                     "cost_lo": interval[0], "cost_hi": interval[1],
                     "first_divergent_step": repro.get("first_divergent_step"),
                     "largest_bytes": None, "busbw_gbps": None})
+    if out and not any(c["comparable"] for c in out) and result.get("verdict") in ("identical", "diverged"):
+        out.append(_pair_cell(out[0], out[1]["config"] if len(out) > 1 else str(configs[1]["name"]), result))
     return out
+
+
+def _pair_cell(a: dict[str, Any], b_name: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A single-repeat job measured no config against itself, but config 0 against config 1: that A-vs-B result
+    is a measurement of its own, the cell `A vs B` (identical 1 of 1, or 0 of 1 and where they parted;
+    config_index -1: a pair, not one config)."""
+    return {**a, "config_index": -1, "config": f"{a['config']} vs {b_name}"[:64], "config_env": {},
+            "identical": int(result["verdict"] == "identical"), "comparable": 1, "runs": 2, "cost": None,
+            "cost_lo": None, "cost_hi": None, "first_divergent_step": result.get("first_divergent_step")}
 
 
 def _op_column(op: str) -> str:

@@ -94,6 +94,11 @@ def default_scope(*, session: Session, scope: Scope, at: tuple[str, int | None])
                  dtype=first["dtype"] if first["kind"] != "train" else None, since=scope.since, until=scope.until)
 
 
+# What a cell with nothing comparable lacks, and how to measure it.
+LACKS = {"train": "reproducibility not measured: run the job with repeats >= 2",
+         "": "not measured: no repeat or size was compared"}
+
+
 def matrix(*, session: Session, scope: Scope) -> dict[str, Any]:
     """Config × stack: per cell, repeats (train) or sizes (collective) identical of those comparable, the
     latest cost with its interval, the earliest first divergence, the latest busbw, its measurements and
@@ -138,6 +143,7 @@ def matrix(*, session: Session, scope: Scope) -> dict[str, Any]:
     costs = _latest_costs(session=session, where=where, latest=latest_cost)
     for key, cell in cells.items():
         cell["rate"] = _rate(cell["identical"], cell["comparable"])
+        cell["lacks"] = None if cell["comparable"] else LACKS.get(scope.kind or "", LACKS[""])
         cell["trend"] = [_rate(k, n) for k, n in slots[key]]
         cell["last_measured_at"] = _aware(cell["last_measured_at"]).isoformat()
         cell.update(costs.get(key) or cost_of(None, None, None))

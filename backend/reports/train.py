@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from detlab.backend.models import SUCCEEDED, CallsRecord, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
+from detlab.backend.models import RECORDING, SUCCEEDED, CallsRecord, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
 from detlab.core import collective_calls, commlog, compare, configs, divergence_map, drift, steps
 from detlab.core.runs import RunData, StepData, recorded_steps
 
@@ -24,13 +24,14 @@ def load_run(*, session: Session, run: Run, workload: str, interval: int = 1,
              between: tuple[int, int] | None = None) -> RunData:
     """A run's step records with model digests only (packed digests come later, where needed), and
     what it was meant to record, so that a run that stopped early compares `incomplete` (a registered
-    script's steps are its own: judged against the other run, and by how the run ended). `between`:
-    only the steps of that closed range (and nothing expected)."""
+    script's or an SDK recording's steps are its own: judged against the other run, and by how the run ended,
+    as `detlab compare` judges two directories). `between`: only the steps of that closed range (and nothing
+    expected)."""
     tensors = session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index))
     data = RunData(run_id=run.id, workload=workload, world_size=run.world_size,
                            tensors=[(t.name, list(t.shape), t.dtype) for t in tensors],
                            expected_steps=None if between or run.job.params.get("script")
-                           else recorded_steps(run.steps_total, interval),
+                           or run.job.kind == RECORDING else recorded_steps(run.steps_total, interval),
                            status=run.status)
     # Core rows, not ORM rows: a long run has hundreds of thousands of them.
     rows = session.connection().execute(select(

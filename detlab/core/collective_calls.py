@@ -5,7 +5,9 @@ Each rank records, per step, every collective call in order (`seq`) with digests
 slot (the same rank, or the same logical position: detlab.core.positions). At the first call whose output
 differs: if its input matched on every slot, the difference was made by the collective itself ("inputs matched
 → reduction order/topology"), and the NCCL algorithm, protocol and channels the runs' logs show for that message
-size are attached; otherwise it was carried in from earlier compute. Pure functions over plain data.
+size are attached; if an input differed on some rank, it was carried in from earlier compute (those ranks are
+named). Where some rank of the call was not recorded by both runs, its input is not known and neither is said.
+Pure functions over plain data.
 """
 
 from __future__ import annotations
@@ -110,7 +112,9 @@ def first_difference(a: RunCalls, b: RunCalls, *, positions: dict[int, dict[str,
                      fp_version: str = "fp") -> dict[str, Any]:
     """The first collective call (step, seq) whose output differs between runs A and B, compared slot by slot
     (B's ranks already renumbered as A's where positions line them up), with the diagnosis: `cause` is
-    `reduction-order` (its input matched on every slot), `carried` (an input differed) or `calls-differ`.
+    `reduction-order` (its input matched on every rank of the call), `carried` (an input differed),
+    `inputs-unknown` (the inputs compared matched, but some rank of the call was not recorded by both runs) or
+    `calls-differ`.
     `logs`: each run's parsed NCCL logs (None: none recorded). `status`: identical | differs | not-recorded."""
     if not a or not b:
         lacking = [name for name, calls in (("A", a), ("B", b)) if not calls]
@@ -143,7 +147,14 @@ def first_difference(a: RunCalls, b: RunCalls, *, positions: dict[int, dict[str,
     else:
         inputs_differ = [s for s in here if (x := a[(step, s)]).digest(x.inputs, seq)
                          != (y := b[(step, s)]).digest(y.inputs, seq)]
-        cause, said = ("carried", CARRIED) if inputs_differ else ("reduction-order", REDUCTION_ORDER)
+        unknown = _not_compared(a, b, step, seq, here)
+        if inputs_differ:
+            cause, said = "carried", CARRIED
+        elif unknown:
+            cause, said = "inputs-unknown", (f"inputs equal on rank(s) {', '.join(map(str, here))}; {unknown} not "
+                                             "recorded by both runs → cause not known")
+        else:
+            cause, said = "reduction-order", REDUCTION_ORDER
     first: dict[str, Any] = {"step": step, "seq": seq, "cause": cause, "diagnosis": said,
                              "ranks": differing, "input_ranks_differing": inputs_differ,
                              "positions": {str(s): positions[s] for s in differing if positions and s in positions}}
@@ -160,6 +171,18 @@ def first_difference(a: RunCalls, b: RunCalls, *, positions: dict[int, dict[str,
             first["nccl"] = {side: None if side_logs is None else nccl_choices(side_logs, op, sizes)
                              for side, side_logs in zip(("a", "b"), logs, strict=True)}
     return {"status": "differs", "calls_compared": compared, "first": first, "text": calls_text(first)}
+
+
+def _not_compared(a: RunCalls, b: RunCalls, step: int, seq: int, here: list[int]) -> str:
+    """The ranks of call (step, seq) whose inputs were not compared (recorded by one run only, or by neither:
+    fewer ranks than the call's group), in words; "" when every rank's were."""
+    made = {r for run in (a, b) for (s, r), c in run.items() if s == step and seq < len(c.calls)}
+    alone = sorted(made - set(here))
+    group = a[(step, here[0])].calls[seq][3]
+    unseen = group - len(here) - len(alone)  # a subgroup call on more ranks than its group: none unseen
+    parts = [f"rank(s) {', '.join(map(str, alone))}"] if alone else []
+    parts += [f"{unseen} {'other ' if alone else ''}rank(s) of its group of {group}"] if unseen > 0 else []
+    return " and ".join(parts)
 
 
 def calls_text(first: dict[str, Any]) -> str:

@@ -127,6 +127,9 @@ def _loss_curve(run: RunData, steps: list[int]) -> list[list[float]]:
     return [[s, loss] for s in steps if (loss := mean_loss(run, s)) is not None]
 
 
+INITIAL_STATES = "initial states differ — seed before building the model, or load the same weights"
+
+
 def compare_runs(a: RunData, b: RunData) -> RunComparison:
     """Verdict between two runs: identical, diverged (where first), incomplete (no difference among
     the steps both recorded, but one lacks steps, ranks or did not finish: never `identical`) or
@@ -157,6 +160,7 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
     notes += [b.rank_note] if b.rank_note else []
     per_step: list[dict[str, Any]] = []
     first_step, first_tensors, first_ranks, differing_steps, unknown = None, [], [], 0, 0
+    first_count: int | None = None
     for step in steps:
         differs, tensors, ranks = step_diff(a, b, step, common)
         count = None if tensors is None else len(tensors)
@@ -166,7 +170,7 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
         differing_steps += 1
         unknown += tensors is None
         if first_step is None:
-            first_step, first_ranks = step, ranks
+            first_step, first_ranks, first_count = step, ranks, count
             if common and a.rank_tensors and tensors is not None:  # each rank's own list
                 first_tensors = _names(a, b, step, ranks)
             else:
@@ -181,6 +185,14 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
     if lone_steps:
         notes.append(f"{len(lone_steps)} recorded step(s) exist in one run only and were not compared")
     missing = missing_data(a, b)
+    drifted = drift.compare(a, b, per_rank)
+    if steps and first_step == steps[0] and first_count == len(names):
+        # Not a drift that grows "by step 0": the runs started from other states (an unseeded model).
+        cause = (f"{INITIAL_STATES} (every tensor differs at step {first_step}, the first recorded)")
+        if drifted.get("available"):
+            drifted["verdict"] = cause
+        else:
+            notes.append(cause)
     return RunComparison.model_validate({
         "verdict": "diverged" if first_step is not None else "incomplete" if missing else "identical",
         "reason": "; ".join(notes) or None,
@@ -196,7 +208,7 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
         "loss": {"a": _loss_curve(a, steps), "b": _loss_curve(b, steps)},
         "missing": missing,
         "replica_disagreements": replicas,
-        "drift": drift.compare(a, b, per_rank),
+        "drift": drifted,
         "collectives": calls,
     })
 

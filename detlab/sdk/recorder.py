@@ -218,6 +218,8 @@ class Recorder:
         self._closed = False
         self._tracer: CallTracer | None = None
         if self.out is not None:
+            if not overwrite:  # said now, not at the first rec.step after the model was built
+                self._refuse_existing(store.rank_path(self.out, identity.current().rank))
             self.out.mkdir(parents=True, exist_ok=True)
         # Records already handed to the writer reach the file even if the script never calls close().
         self._atexit = _drain_at_exit(weakref.ref(self))
@@ -283,7 +285,12 @@ class Recorder:
         if not self.records(step):
             return
         if self._last_step is not None and step <= self._last_step:
-            raise ValueError(f"rec.step({step}) after step {self._last_step}: step numbers must increase")
+            self._finish("failed")  # the script dies here: the recording says so, never `running`
+            raise ValueError(
+                f"rec.step({step}) after step {self._last_step}: step numbers must increase over the whole run; "
+                "pass a global step counter (e.g. `global_step += 1` at every step, or "
+                "epoch * len(loader) + batch_idx), not the batch index within an epoch. The recording is "
+                "closed as failed; record into a new directory")
         self._begin(model)
         assert self._spool is not None and self._who is not None
         if self._probing is not None:
@@ -295,15 +302,19 @@ class Recorder:
         recorded = state
         grad_digests = None
         grad_sketch = None
-        if self._grads:
-            pending = self._grad_pending
-            if pending is None or pending[0] != step:
-                raise ValueError(f"grads=True but step {step} has no gradients: call rec.grads({step}, model) "
-                                 "after loss.backward() and before optimizer.step()")
-            recorded = state + pending[1]
-            grad_digests, grad_sketch = pending[2], pending[3]
-            self._grad_pending = None
-        self._check_tensors(step, recorded)
+        try:
+            if self._grads:
+                pending = self._grad_pending
+                if pending is None or pending[0] != step:
+                    raise ValueError(f"grads=True but step {step} has no gradients: call rec.grads({step}, model) "
+                                     "after loss.backward() and before optimizer.step()")
+                recorded = state + pending[1]
+                grad_digests, grad_sketch = pending[2], pending[3]
+                self._grad_pending = None
+            self._check_tensors(step, recorded)
+        except ValueError:
+            self._finish("failed")  # as for a step out of order: never left `running`
+            raise
         # Queued on the device now, read on the writer thread: the loop never waits for them.
         sketched = self._sketcher.submit(named_tensors.local([t for _, t in state])) if self._sketcher else None
         digests = self._digester.submit([t for _, t in state])
@@ -407,8 +418,8 @@ class Recorder:
         try:
             self._spool = Spool(path, overwrite=self._overwrite)
         except FileExistsError:
-            raise FileExistsError(f"{path} exists: {self.out} already holds a recording; record into a new "
-                                  "directory, delete this one, or pass overwrite=True") from None
+            self._refuse_existing(path)
+            raise
         self._who = who
         if who.rank == 0:
             if self._overwrite:
@@ -426,6 +437,11 @@ class Recorder:
         if self.server:
             opening = RecordingOpen(recording=recording, name=self.name, tags=self.tags, world_size=who.world_size)
             self._streamer = upload.Streamer(self.server, self._token, opening, path, who.rank)
+
+    def _refuse_existing(self, path: Path) -> None:
+        if path.exists():
+            raise FileExistsError(f"{path} exists: {self.out} already holds a recording; record into a new "
+                                  "directory, delete this one, or pass overwrite=True") from None
 
     @staticmethod
     def _env_record(who: Identity, device: torch.device, backend: str | None) -> EnvRecord:

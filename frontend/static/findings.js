@@ -55,7 +55,7 @@
     const cls = rate === null ? "cell-none" : rate === 1 ? "cell-ok" : rate === 0 ? "cell-bad" : "cell-mixed";
     const lines = [
       el("strong", { text: `${cell.identical}/${cell.comparable}` }),
-      rate === null ? " not measured" : ` ${pct(rate, 0)}`,
+      rate === null ? ` ${cell.lacks || "not measured"}` : ` ${pct(rate, 0)}`,
       el("br"),
       el("span", { className: "muted", text: cell.cost !== null ? cell.cost_text : cell.busbw_gbps !== null
         ? `${cell.busbw_gbps.toFixed(1)} GB/s` : "" }),

@@ -30,11 +30,12 @@ def settings(tmp_path: Path) -> Settings:
 
 def train_job(session: Session, settings: Settings, *, parted: dict[tuple[int, int], int] | None = None,
               device: str = "NVIDIA H200", torch: str = "2.11.0", slower: float = 2.0,
-              configs: tuple[str, ...] = ("default", "full-deterministic"), steps: int = STEPS) -> Job:
-    """A finished train job with two repeats per config, settled. `parted[(config, repeat)] = step`: that
+              configs: tuple[str, ...] = ("default", "full-deterministic"), steps: int = STEPS,
+              repeats: int = 2) -> Job:
+    """A finished train job with two repeats per config (or `repeats`), settled. `parted[(config, repeat)] = step`: that
     repeat's tensor t1 differs from that step on; config 1's steps take `slower` times as long."""
     body = {"workload": "mlp", "configs": [{"preset": c} for c in configs], "world_size": 1, "steps": steps,
-            "repeats": 2}
+            "repeats": repeats}
     job = create_job(session=session, data=JobCreate.model_validate(body), settings=settings, submitter=None)
     for run in job.runs:
         session.add_all(TensorMeta(run_id=run.id, index=i, name=f"t{i}", shape=[2], dtype="float32")
@@ -69,6 +70,19 @@ def test_a_finished_train_job_lands_in_the_history_per_config(session: Session, 
     assert a.stack == "1 x NVIDIA H200 · driver 580.1 · CUDA 13.0 · torch 2.11.0 · NCCL 2.28.9"
     assert a.cost is None and b.cost == pytest.approx(0.5, abs=0.01)
     assert b.cost_lo is not None and b.cost_lo <= b.cost <= b.cost_hi  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("parted", "identical", "first"), [({}, 1, None), ({(1, 0): 4}, 0, 4)])
+def test_a_single_repeat_job_contributes_its_a_vs_b_result(client: TestClient, session: Session, settings: Settings,
+                                                          parted: dict, identical: int, first: int | None) -> None:
+    train_job(session, settings, repeats=1, parted=parted)
+    cells = {c["config"]: c for c in client.get("/api/v1/findings/matrix", params={"kind": "train"}).json()["cells"]}
+    pair = cells["default vs full-deterministic"]
+    assert (pair["identical"], pair["comparable"], pair["first_divergent_step"]) == (identical, 1, first)
+    assert pair["lacks"] is None
+    # a config's own cell says what it lacks and how to measure it, not "0/0 not measured"
+    assert (cells["default"]["comparable"], cells["default"]["lacks"]) == (
+        0, "reproducibility not measured: run the job with repeats >= 2")
 
 
 def test_the_matrix_gives_rate_cost_divergence_and_the_latest_job(client: TestClient, session: Session,

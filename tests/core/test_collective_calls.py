@@ -57,6 +57,25 @@ def test_matched_inputs_and_a_differing_output_blame_the_reduction_with_nccl_fac
     assert "RING/SIMPLE channels 0..0" in result["text"] and "inputs matched → reduction order" in result["text"]
 
 
+def test_inputs_that_differ_on_a_few_of_many_ranks_are_named() -> None:
+    """A 256-GPU study found 16 peers with other inputs: the diagnosis reads every rank's inputs, not one's."""
+    call = ("all_reduce", "float32", 1024, 8)
+    a = {(1, r): calls((call, "a", "b")) for r in range(8)}
+    b = {(1, r): calls((call, "c" if r in (5, 6) else "a", "d")) for r in range(8)}
+    result = cc.first_difference(a, b)
+    assert (result["first"]["cause"], result["first"]["input_ranks_differing"]) == ("carried", [5, 6])
+    assert "inputs differed on rank(s) 5, 6" in result["text"] and "inputs matched" not in result["text"]
+
+
+def test_inputs_matched_is_said_only_when_every_rank_of_the_call_was_compared() -> None:
+    a = run({3: (calls((BUCKET, "a", "b")), calls((BUCKET, "e", "b")))})
+    b = {(3, 0): calls((BUCKET, "a", "c"))}  # run B's rank 1 recorded no calls: its inputs are not known
+    result = cc.first_difference(a, b)
+    assert result["first"]["cause"] == "inputs-unknown" and "nccl" not in result["first"]
+    assert "inputs matched" not in result["text"]
+    assert "inputs equal on rank(s) 0; rank(s) 1 not recorded by both runs" in result["text"]
+
+
 def test_nccl_facts_match_the_size_not_just_the_op() -> None:
     parsed = [log("nccl-bynumber-slot-prefix-issue1453.log")]  # TUNING by number: 4 and 262144 bytes, no op named
     assert [(c["bytes"], c["algo"]) for c in cc.nccl_choices(parsed, "all_reduce", [262144])] == [(262144, "TREE")]

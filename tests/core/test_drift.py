@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from detlab.core import drift, sketch
-from detlab.core.compare import compare_runs
+from detlab.core.compare import DIGEST_BYTES, compare_runs
 from detlab.core.runs import RunData, StepData
 
 
@@ -93,3 +93,25 @@ def test_many_ranks_keep_the_series_of_the_furthest_apart_only() -> None:
         b.records[(1, rank)] = step_data(params(1, 1e-6 * (rank + 1)), f"fp2:other{rank}")
     kept = compared(a, b)["drift"]["ranks"]
     assert list(kept) == [str(r) for r in range(4, ranks)]
+
+
+def test_every_tensor_differing_at_the_first_recorded_step_names_the_initial_states() -> None:
+    """An unseeded model (PyTorch's DDP tutorial as written): every tensor differs from the first step on; that is a
+    cause, not a drift that "grows by step 0"."""
+    a, b = run(1, {s: 0 for s in range(3)}), run(2, {s: 0.5 for s in range(3)})
+    for data, fill in ((a, 1), (b, 2)):
+        for record in data.records.values():
+            record.digests = bytes([fill]) * (DIGEST_BYTES * len(TENSORS))
+    result = compared(a, b)
+    assert (result["verdict"], result["first_divergent_step"], result["first_divergent_tensors"]) == \
+        ("diverged", 0, ["w", "b"])
+    assert result["drift"]["verdict"] == ("initial states differ — seed before building the model, or load the same "
+                                          "weights (every tensor differs at step 0, the first recorded)")
+
+
+def test_a_difference_that_starts_later_is_not_called_initial() -> None:
+    a, b = run(1, {s: 0 for s in range(3)}), run(2, {0: 0, 1: 0.5, 2: 0.5})
+    for data in (a, b):
+        for (step, _), record in data.records.items():
+            record.digests = bytes([1 if data is a or step == 0 else 2]) * (DIGEST_BYTES * len(TENSORS))
+    assert compared(a, b)["drift"]["verdict"].startswith("grows to")

@@ -111,12 +111,38 @@ def test_logs_without_choices_are_not_checked() -> None:
 
 # ---- 2. env parity ---------------------------------------------------------------------------------------
 
-def test_a_variable_that_differs_between_the_runs_fails_naming_it_and_the_config() -> None:
+def test_a_variable_that_differs_between_the_runs_fails_naming_it() -> None:
+    b_envs = [env(r, effective_env={"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Tree"}) for r in range(2)]
+    found = item(pair(b=run("B", envs=b_envs)), "env")
+    assert found["status"] == "fail"
+    assert found["found"] == "NCCL_ALGO differs (A vs B): unset vs Tree"
+    assert found["evidence"][1]["href"] == "/api/v1/runs/2/envs"
+
+
+def test_a_difference_the_configs_ask_for_is_the_experiment_not_a_failure() -> None:
     b_envs = [env(r, effective_env={"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Tree"}) for r in range(2)]
     found = item(pair(b=run("B", envs=b_envs, config={"env": {"NCCL_ALGO": "Tree"}})), "env")
+    assert found["status"] == "pass"
+    assert found["found"].startswith("only the differences their configs ask for: NCCL_ALGO (A: unset, B: Tree); ")
+    assert found["details"] == [{"key": "NCCL_ALGO", "where": "A vs B, as their configs ask", "a": "unset",
+                                 "b": "Tree"}]
+
+
+def test_asked_differences_do_not_hide_an_unasked_one() -> None:
+    flags = {**env(0)["torch_flags"], "deterministic_algorithms": True, "num_threads": 4}
+    b_envs = [env(r, effective_env={"NCCL_DEBUG": "WARN"}, torch_flags=flags) for r in range(2)]
+    b = run("B", envs=b_envs, config={"env": {}, "torch": {"deterministic_algorithms": True}, "threads": 4})
+    found = item(pair(b=b), "env")
     assert found["status"] == "fail"
-    assert found["found"] == "NCCL_ALGO differs (A vs B): unset vs Tree (their configs ask A: unset, B: Tree)"
-    assert found["evidence"][1]["href"] == "/api/v1/runs/2/envs"
+    assert found["found"] == ("NCCL_DEBUG differs (A vs B): INFO vs WARN; their configs' own difference(s) besides: "
+                              "torch.deterministic_algorithms, torch.num_threads")
+
+
+def test_a_value_the_config_asked_for_but_the_rank_did_not_get_fails() -> None:
+    b_envs = [env(r, effective_env={"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Ring"}) for r in range(2)]
+    found = item(pair(b=run("B", envs=b_envs, config={"env": {"NCCL_ALGO": "Tree"}})), "env")
+    assert found["status"] == "fail"
+    assert found["found"] == "NCCL_ALGO differs (A vs B): unset vs Ring (their configs ask A: unset, B: Tree)"
 
 
 def test_a_variable_that_differs_between_ranks_of_one_run_fails() -> None:
@@ -170,6 +196,15 @@ def test_no_op_audit_is_not_checked_with_the_form_prefilled() -> None:
     found = item(pair(), "ops")
     assert found["status"] == "not-checked" and "no finished op-audit job of workload mlp" in found["found"]
     assert found["evidence"] == [{"text": "new op-audit job of mlp", "href": "/?kind=op-audit&workload=mlp"}]
+
+
+@pytest.mark.parametrize("key", ["ops", "batch"])
+def test_sdk_recordings_are_offered_no_job_of_another_workload(key: str) -> None:
+    """The submit form does not know workload `sdk` and would show its first workload (mlp) instead: no link."""
+    found = item(pair(run("A", workload="sdk"), run("B", workload="sdk")), key)
+    assert found["status"] == "not-checked"
+    assert found["found"].startswith("not checked: run 1 (A) is an SDK recording")
+    assert found["evidence"] == []
 
 
 def test_a_nondeterministic_op_fails_naming_it_its_config_and_device() -> None:

@@ -182,6 +182,7 @@ def test_a_tensor_list_that_changes_is_refused(tmp_path: Path) -> None:
     opt.step()
     with pytest.raises(ValueError, match="the recorded tensors changed at step 1.*record after it"):
         rec.step(1, model)
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["status"] == "failed"  # no close() needed
     rec.close()
 
 
@@ -200,6 +201,25 @@ def test_a_directory_that_holds_a_recording_is_refused_unless_overwrite(tmp_path
         train(tmp_path / "a", steps=2)
     train(tmp_path / "a", steps=3, overwrite=True)
     assert sorted(load_run(tmp_path / "a").steps()) == [0, 1, 2]
+
+
+def test_a_directory_that_holds_a_recording_is_refused_when_the_recorder_is_made(tmp_path: Path) -> None:
+    train(tmp_path / "a", steps=2)
+    with pytest.raises(FileExistsError, match="already holds a recording.*overwrite=True"):
+        detlab.Recorder(out=tmp_path / "a")  # not at the first rec.step, after the model was built
+    detlab.Recorder(out=tmp_path / "a", overwrite=True).close()
+
+
+def test_a_per_epoch_batch_index_is_refused_at_its_first_repeat_with_what_to_pass_and_the_run_fails(
+        tmp_path: Path) -> None:
+    model, rec = make_model(), detlab.Recorder(out=tmp_path / "a")
+    for batch_idx in range(10):  # epoch 1
+        rec.step(batch_idx, model)
+    with pytest.raises(ValueError, match=r"rec.step\(0\) after step 9.*global step counter"):
+        rec.step(0, model)  # epoch 2's first batch
+    # no close(), no `with`: the script dies here, and the recording says so
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["status"] == "failed"
+    assert sorted(load_run(tmp_path / "a").steps()) == list(range(10))
 
 
 def test_steps_must_increase(tmp_path: Path) -> None:

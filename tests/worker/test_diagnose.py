@@ -125,10 +125,47 @@ def test_trace_counts_every_call_and_keeps_inputs_before_an_in_place_op_changes_
     assert [float(k.args[0][0]) for k in recorder.kept["aten.add_"]] == [1.0, 2.0]
 
 
-def test_random_ops_are_rerun_with_the_generator_reseeded_and_say_so() -> None:
+def test_random_ops_are_rerun_with_the_generator_restored_and_say_so() -> None:
     rows = {r.op: r for r in audit_step(lambda: torch.nn.functional.dropout(torch.ones(64), 0.5), 5, 1)}
-    random_rows = [r for r in rows.values() if "generator reseeded" in r.evidence]
+    random_rows = [r for r in rows.values() if "generators restored" in r.evidence]
     assert random_rows and all(r.nondeterministic is False for r in random_rows)
+
+
+@pytest.mark.parametrize("draw", [lambda g: torch.randn(64, generator=g),
+                                  lambda g: torch.randint(0, 1000, (64,), generator=g),
+                                  lambda g: torch.rand(8, 8, generator=g).bernoulli_(0.5, generator=g)],
+                         ids=["randn", "randint", "bernoulli_"])
+def test_a_draw_from_a_generator_passed_as_an_argument_is_not_called_nondeterministic(
+        draw: Callable[[torch.Generator], torch.Tensor]) -> None:
+    g = torch.Generator().manual_seed(7)
+    rows = list(audit_step(lambda: draw(g), reruns=5, calls_per_op=2))
+    assert rows and all(r.nondeterministic is False for r in rows), [(r.op, r.evidence) for r in rows]
+
+
+def test_the_audit_leaves_the_generators_as_the_step_left_them() -> None:
+    g = torch.Generator().manual_seed(7)
+
+    def step() -> None:
+        torch.nn.functional.dropout(torch.ones(64), 0.5)
+        torch.randn(4, generator=g)
+
+    torch.manual_seed(1)
+    list(audit_step(step, reruns=3, calls_per_op=1))
+    after = torch.get_rng_state(), g.get_state()
+    torch.manual_seed(1)
+    g.manual_seed(7)
+    step()
+    assert torch.equal(after[0], torch.get_rng_state()) and torch.equal(after[1], g.get_state())
+
+
+def test_pytorch_alert_for_an_aten_op_is_seen_and_listed() -> None:
+    """put_ without accumulate has no deterministic implementation (on CPU too); called as an aten op, its alert
+    is a C++ warning that Python's warnings never see, so the check has to ask for the error."""
+    index, values = torch.tensor([1, 2]), torch.ones(2)
+    rows = {r.op: r for r in audit_step(lambda: torch.zeros(10).put_(index, values), reruns=3, calls_per_op=1)}
+    put = rows["aten.put_"]
+    assert (put.nondeterministic, put.alert) == (True, True)
+    assert put.evidence.startswith("alert: put_ does not have a deterministic implementation")
 
 
 def test_uninitialized_outputs_are_not_compared() -> None:

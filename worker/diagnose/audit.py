@@ -5,17 +5,21 @@ dispatch level; its pre-op hook keeps a copy of the inputs of each op's first `c
 an in-place op changes them), with the deterministic-algorithms flags in effect at that moment. After the
 step, each kept call is checked twice, on fresh copies of its inputs:
 
-- PyTorch's check: the op runs once with `torch.use_deterministic_algorithms(True, warn_only=True)`; its
-  alert ("does not have a deterministic implementation", or cuBLAS's "not deterministic because" without
+- PyTorch's check: the op runs once with `torch.use_deterministic_algorithms(True)`; its alert ("does not
+  have a deterministic implementation", or cuBLAS's "not deterministic because" without
   CUBLAS_WORKSPACE_CONFIG) means PyTorch knows it is nondeterministic on this device, whatever the config set.
+  The alert is asked for as the error it raises: with warn_only, an aten op called directly (as here) warns
+  through C++ to stderr, never through Python's warnings, and the alert would be missed.
 - Re-runs: the op runs `reruns` times under the flags it ran under in the step; the digests (detlab's
   fingerprint) of its outputs and of its inputs afterwards (an in-place or out= op writes there) are
   counted. More than one distinct result is nondeterminism seen, not inferred.
 
-Random ops (tagged nondeterministic_seeded) are re-run with the generators reseeded before each run, so a
-difference is the kernel's, not the draw's; ops that return uninitialized memory (empty*) are not
-compared (their bits are whatever the allocator held) and say so. Calls whose inputs exceed
-`MAX_KEPT_BYTES` are counted but not re-run, and say so.
+Every run of a call (the alert's too) starts from the random state the call saw in the step: the generators
+passed to it as arguments and the default CPU and CUDA generators (seed and Philox offset) are set to their
+state at the call before each run, and put back as the step left them after the checks. A draw (randn with
+generator=, dropout, attention's dropout) is then the same draw each time: a difference is the kernel's.
+Ops that return uninitialized memory (empty*) are not compared (their bits are whatever the allocator held)
+and say so. Calls whose inputs exceed `MAX_KEPT_BYTES` are counted but not re-run, and say so.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class Kept:
     kwargs: dict[str, Any]
     deterministic: bool
     warn_only: bool
+    rng: list[tuple[torch.Generator, torch.Tensor]] = field(default_factory=list)
 
 
 @dataclass
@@ -84,8 +89,38 @@ class Recorder:
         self.budget -= size
         kept_args, kept_kwargs = _copy((args, kwargs))
         calls.append(Kept(func, kept_args, kept_kwargs, deterministic=torch.are_deterministic_algorithms_enabled(),
-                          warn_only=torch.is_deterministic_algorithms_warn_only_enabled()))
+                          warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
+                          rng=[(g, g.get_state()) for g in _generators((args, kwargs))]))
         return None
+
+
+def _generators(tree: Any) -> list[torch.Generator]:
+    """The generators a call can draw from: those passed to it, then the default CPU and (initialized) CUDA ones."""
+    given = [g for g in tree_flatten(tree)[0] if isinstance(g, torch.Generator)]
+    defaults = [torch.default_generator]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        defaults += list(torch.cuda.default_generators)
+    return given + [g for g in defaults if all(g is not other for other in given)]
+
+
+class _Rng:
+    """Sets the generators of a call to their state at the call (`reset`, before each run), and puts them back as
+    they were before the block after it."""
+
+    def __init__(self, call: Kept) -> None:
+        self.call = call
+
+    def __enter__(self) -> _Rng:
+        self.before = [(g, g.get_state()) for g, _ in self.call.rng]
+        return self
+
+    def reset(self) -> None:
+        for g, state in self.call.rng:
+            g.set_state(state)
+
+    def __exit__(self, *_exc: object) -> None:
+        for g, state in self.before:
+            g.set_state(state)
 
 
 def _copy(tree: Any) -> Any:
@@ -125,26 +160,33 @@ class _Flags:
 
 
 def alert(call: Kept) -> str | None:
-    """PyTorch's own verdict: its alert text when the op has no deterministic implementation here, else None."""
+    """PyTorch's own verdict: its alert text when the op has no deterministic implementation here, else None.
+    Asked for as an error (see the module's docstring); an error that is not the alert is raised."""
     args, kwargs = _copy((call.args, call.kwargs))
-    with warnings.catch_warnings(record=True) as caught, _Flags(True, True):
+    with _Rng(call) as rng, _Flags(True, False), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        call.func(*args, **kwargs)
+        rng.reset()
+        try:
+            call.func(*args, **kwargs)
+        except RuntimeError as exc:
+            if not any(text in str(exc) for text in ALERT_TEXTS):
+                raise
+            return str(exc).strip().splitlines()[0]
+    # an op that warns from Python whatever the flag says
     found = [str(w.message) for w in caught if any(text in str(w.message) for text in ALERT_TEXTS)]
     return found[0].splitlines()[0] if found else None
 
 
-def distinct_results(call: Kept, reruns: int, seed: int = 0) -> int:
+def distinct_results(call: Kept, reruns: int) -> int:
     """How many different results `reruns` runs of the call on fresh copies of its inputs give, under the
-    flags it ran under in the step (outputs and inputs after the run, as digests)."""
-    seeded = torch.Tag.nondeterministic_seeded in getattr(call.func, "tags", ())
+    flags it ran under in the step, each from the random state of the call (outputs and inputs after the run,
+    as digests)."""
     seen = set()
-    with _Flags(call.deterministic, call.warn_only), warnings.catch_warnings():
+    with _Rng(call) as rng, _Flags(call.deterministic, call.warn_only), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # warn_only alerts were counted by `alert`
         for _ in range(reruns):
             args, kwargs = _copy((call.args, call.kwargs))
-            if seeded:
-                torch.manual_seed(seed)
+            rng.reset()
             out = call.func(*args, **kwargs)
             # an in-place or out= op writes into its inputs (a foreach op returns nothing): digest those too
             seen.add(_digests((out, args, kwargs) if call.func._schema.is_mutable else out))
@@ -172,8 +214,8 @@ def check_op(name: str, count: int, calls: list[Kept], reruns: int, over_budget:
     if alerts:
         parts.append(f"alert: {alerts[0]}")
     if distinct:
-        seeded = " (random op; generator reseeded per run)" if torch.Tag.nondeterministic_seeded in \
-            getattr(calls[0].func, "tags", ()) else ""
+        random = torch.Tag.nondeterministic_seeded in getattr(calls[0].func, "tags", ())
+        seeded = " (random op; generators restored to their state at the call before each run)" if random else ""
         parts.append(f"re-run: {distinct} distinct result{'s' if distinct > 1 else ''} in {reruns} "
                      f"(first {len(calls)} call{'s' if len(calls) > 1 else ''}){seeded}")
     if errors:

@@ -13,10 +13,24 @@ BATCH_TITLE = "Batch invariance of the model: a sample's output bits do not depe
 AUDIT_COLUMNS = ["finding", "evidence"]
 
 
+# The workload of SDK recordings (detlab.sdk.store.WORKLOAD): the user's own loop, which no job can run.
+SDK_WORKLOAD = "sdk"
+
+
+def _new_job(kind: str, workload: str) -> list[dict[str, str]]:
+    """The submit form prefilled for a new job of the workload; none for an SDK recording (the form does not
+    know `sdk` and would show another workload in its place)."""
+    return [] if workload == SDK_WORKLOAD else [link(f"new {kind} job of {workload}", submit_form(kind, workload))]
+
+
 def _not_run(data: WhyInput, key: str, title: str, kind: str) -> Item:
     workload = data.a.workload
+    if workload == SDK_WORKLOAD:
+        return Item(key, title, NOT_CHECKED, f"not checked: run {data.a.run_id} (A) is an SDK recording: its model is "
+                    f"your script's, and a {kind} job runs detlab's registered workloads only", [],
+                    columns=AUDIT_COLUMNS)
     return Item(key, title, NOT_CHECKED, f"not checked: no finished {kind} job of workload {workload}",
-                [link(f"new {kind} job of {workload}", submit_form(kind, workload))], columns=AUDIT_COLUMNS)
+                _new_job(kind, workload), columns=AUDIT_COLUMNS)
 
 
 def _config_hash(audit: AuditJob, config: dict[str, Any]) -> str | None:
@@ -58,7 +72,7 @@ def _elsewhere(data: WhyInput, key: str, title: str, audit: AuditJob, chosen: li
     return Item(key, title, NOT_CHECKED, f"not checked on the runs' device: the latest {audit.kind} (job "
                 f"#{audit.job_id}) measured {shown(ran)}; the runs ran on {shown(devices)}",
                 [link(f"{audit.kind} job #{audit.job_id}", job_page(audit.job_id)),
-                 link(f"new {audit.kind} job of {data.a.workload}", submit_form(audit.kind, data.a.workload))],
+                 *_new_job(audit.kind, data.a.workload)],
                 columns=AUDIT_COLUMNS, source=_source(audit, chosen, False))
 
 

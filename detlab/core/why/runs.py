@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from detlab.core import commlog
-from detlab.core.configs import WORKER_OWNED
+from detlab.core.configs import WORKER_OWNED, TorchFlags
 
 from .facts import (
     FAIL,
@@ -156,8 +156,35 @@ def _env_facts(a: RunFacts, b: RunFacts) -> dict[str, Any]:
     return facts
 
 
+def _asked(data: WhyInput) -> dict[str, tuple[str | None, str | None]]:
+    """What the two configs set differently, by fact name: (A's value, B's value) as the facts show them, None
+    where the config does not say what the rank will see (threads left to the machine)."""
+    a, b = data.a.config, data.b.config
+    asked: dict[str, tuple[str | None, str | None]] = {}
+    ea, eb = a.get("env") or {}, b.get("env") or {}
+    for name in _config_differs(data):
+        asked[name] = (_text(ea.get(name)), _text(eb.get(name)))
+    defaults = {k: f.default for k, f in TorchFlags.model_fields.items()}
+    ta, tb = {**defaults, **(a.get("torch") or {})}, {**defaults, **(b.get("torch") or {})}
+    for flag in defaults:
+        if ta[flag] != tb[flag]:
+            asked[f"torch.{flag}"] = (_text(ta[flag]), _text(tb[flag]))
+    if a.get("threads") != b.get("threads"):
+        threads = tuple(None if t is None else str(t) for t in (a.get("threads"), b.get("threads")))
+        asked["torch.num_threads"] = asked["OMP_NUM_THREADS"] = threads  # type: ignore[assignment]
+    return asked
+
+
+def _intended(row: dict[str, Any], asked: dict[str, tuple[str | None, str | None]]) -> bool:
+    """A difference between the runs that their configs asked for, and got: the experiment, not a fault."""
+    if row["where"] != "A vs B" or row["key"] not in asked:
+        return False
+    return all(want is None or want == got for want, got in zip(asked[row["key"]], (row["a"], row["b"]), strict=True))
+
+
 def env_parity_item(data: WhyInput) -> Item:
-    """Step 2: every rank of both runs ran with the same variables, torch flags and collective library version."""
+    """Step 2: every rank of both runs ran with the same variables, torch flags and collective library version,
+    apart from the differences their configs ask for (those are the experiment: listed, never a failure)."""
     a, b = data.a, data.b
     evidence = [link(f"run {r.run_id} ({r.side}) env per rank", rank_envs(r.run_id)) for r in (a, b)]
     lacking = [r for r in (a, b) if not r.envs]
@@ -170,6 +197,10 @@ def env_parity_item(data: WhyInput) -> Item:
     logged = {run.side: sorted({v for log in run.logs.values() for v in (log.get("versions") or [])}) for run in (a, b)}
     if logged["A"] and logged["B"] and logged["A"] != logged["B"]:
         rows.append(_row("logged library version", "A vs B", logged["A"], logged["B"]))
+    asked = _asked(data)
+    intended = [{**r, "where": "A vs B, as their configs ask"} for r in rows if _intended(r, asked)]
+    rows = [r for r in rows if not _intended(r, asked)]
+    also = f"; their configs' own difference(s) besides: {shown([r['key'] for r in intended])}" if intended else ""
     if rows:
         first = rows[0]
         ea, eb = a.config.get("env") or {}, b.config.get("env") or {}
@@ -177,8 +208,14 @@ def env_parity_item(data: WhyInput) -> Item:
             if first["key"] in _config_differs(data) else ""
         line = f"{first['key']} differs ({first['where']}): {first['a'] or '—'} vs {first['b'] or '—'}{why}"
         more = f"; {len(rows) - 1} more: {shown([r['key'] for r in rows[1:]])}" if len(rows) > 1 else ""
-        return Item("env", ENV_TITLE, FAIL, line + more, evidence, rows, len(rows))
+        return Item("env", ENV_TITLE, FAIL, line + more + also, evidence, rows + intended, len(rows) + len(intended))
     ranks = len(a.envs) + len(b.envs)
+    if intended:
+        differs = ", ".join(f"{r['key']} (A: {r['a']}, B: {r['b']})" for r in intended[:3])
+        more = f" and {len(intended) - 3} more" if len(intended) > 3 else ""
+        return Item("env", ENV_TITLE, PASS, f"only the differences their configs ask for: {differs}{more}; the other "
+                    f"{len(facts) - len(intended)} variables, torch flags and library version equal on all {ranks} "
+                    "ranks of both runs", evidence, intended, len(intended))
     return Item("env", ENV_TITLE, PASS, f"{len(facts)} variables, torch flags and library version equal on all "
                 f"{ranks} ranks of both runs", evidence)
 
