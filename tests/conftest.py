@@ -1,15 +1,22 @@
-"""Fixtures every layer may use: real PostgreSQL and Redis, one fresh database each.
+"""Fixtures every layer may use (real PostgreSQL and Redis, one fresh database each) and the test tiers.
 
 The PostgreSQL database is created on the machine's cluster and dropped after the test; Redis is a
 redis-server this session starts on a free port (tests/services.py): the machine's Redis is never touched.
-Imports neither the server nor torch, so the core tests run without them."""
+Imports neither the server nor torch, so the core tests run without them.
+
+Tiers: every test that needs PostgreSQL, Redis, a browser, a whole deployment (tests/e2e) or real rank
+processes is marked `slow` here, at collection, from what it uses; nobody marks it by hand. `make test-fast`
+runs the rest (`pytest -m "not slow"`); `make test` runs everything."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
+import re
+import types
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +31,74 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # flush. Far more than the suite's Redis tests; Redis allocates little per unused index.
 REDIS_DATABASES = 1024
 _redis_indexes = itertools.count()
+
+
+# ---- tiers -----------------------------------------------------------------------------------------------------
+# The reason a test is slow, as a marker of its own (`-m services`, `-m ranks` select them); each also gets `slow`.
+# Fixtures that start or reach a service:
+SERVICE_FIXTURES = {"pg_url", "redis_url", "redis_server", "own_redis", "own_postgres", "distributed", "embedded"}
+# Code that reaches a service or starts ranks without a fixture, looked for in the test, its fixtures and the
+# functions of its module that they call (a helper `run()` that calls torchrun makes its callers `ranks`).
+SOURCE_SIGNS = {
+    "services": re.compile(r"\bPG_ADMIN\b|psycopg\.connect\("),
+    "ranks": re.compile(r"\bTORCHRUN\b|[\"']torchrun[\"']|\blaunch_ranks\(|\bverify\.launch\(|\bmp\.spawn\("),
+}
+SLOW_MARKERS = {"browser", "faults", "gpu"}  # markers set by hand that put a test in the slow tier too
+TIERS = {"slow": "needs PostgreSQL, Redis, a browser, a deployment or rank processes: not in `make test-fast`",
+         "services": "needs PostgreSQL or Redis", "ranks": "starts rank processes (torchrun, the worker's launcher)",
+         "e2e": "a whole deployment (tests/e2e)"}
+
+
+def _sources(func: Callable[..., object], module: types.ModuleType | None, seen: set[object]) -> Iterator[str]:
+    """The source of `func` and of every function of `module` it names, transitively."""
+    func = inspect.unwrap(func)
+    if func in seen or not isinstance(func, types.FunctionType):
+        return
+    seen.add(func)
+    try:
+        yield inspect.getsource(func)
+    except (OSError, TypeError):
+        return
+    if module is None:
+        return
+    names = set(func.__code__.co_names) | {n for c in func.__code__.co_consts if isinstance(c, types.CodeType)
+                                           for n in c.co_names}
+    for name in names:
+        called = inspect.unwrap(getattr(module, name, None) or _sources)  # a functools.cache'd helper too
+        if isinstance(called, types.FunctionType) and called.__module__ == module.__name__:
+            yield from _sources(called, module, seen)
+
+
+def tier_reasons(item: pytest.Item) -> set[str]:
+    """Why `item` is slow: a subset of services, ranks, e2e, browser, faults, gpu (empty: it is fast)."""
+    reasons = {m.name for m in item.iter_markers() if m.name in SLOW_MARKERS}
+    if "e2e" in Path(str(item.fspath)).relative_to(ROOT).parts[:2]:
+        reasons.add("e2e")
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    if names & SERVICE_FIXTURES or (callspec is not None and callspec.params.get("db_url") == "postgresql"):
+        reasons.add("services")
+    if isinstance(item, pytest.Function):
+        seen: set[object] = set()
+        funcs = [item.obj] + [d.func for n in names for d in item._fixtureinfo.name2fixturedefs.get(n, ())]
+        for func in funcs:
+            for source in _sources(func, inspect.getmodule(func), seen):
+                reasons |= {why for why, sign in SOURCE_SIGNS.items() if sign.search(source)}
+    return reasons
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        reasons = tier_reasons(item)
+        for reason in reasons - SLOW_MARKERS:
+            item.add_marker(reason)
+        if reasons:
+            item.add_marker("slow")
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import pytest
 
 from detlab.worker.runner import SPOOL_PREFIX
 from tests.conftest import ROOT, free_port
+from tests.waiting import wait_until
 
 
 def wait_healthy(url: str, procs: list[subprocess.Popen], timeout: float = 60.0) -> None:
@@ -115,12 +116,7 @@ def stack_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
 
 def wait_for(what: str, check: Callable[[], Any], stack: Stack, timeout: float = 120.0) -> Any:
     """`check()`'s first truthy answer, asked every 0.2 s; past `timeout`, an error with the stack's logs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not seen in {timeout} s\n{stack.logs()}")
+    return wait_until(check, timeout, what, interval=0.2, explain=stack.logs)
 
 
 def read_job(stack: Stack, job_id: int) -> dict[str, Any]:
