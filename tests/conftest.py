@@ -17,6 +17,7 @@ import re
 import types
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,8 @@ _redis_indexes = itertools.count()
 # ---- tiers -----------------------------------------------------------------------------------------------------
 # The reason a test is slow, as a marker of its own (`-m services`, `-m ranks` select them); each also gets `slow`.
 # Fixtures that start or reach a service:
-SERVICE_FIXTURES = {"pg_url", "redis_url", "redis_server", "own_redis", "own_postgres", "distributed", "embedded"}
+SERVICE_FIXTURES = {"pg_url", "redis_url", "redis_server", "own_redis", "own_postgres", "distributed",
+                    "shared_distributed"}
 # Code that reaches a service or starts ranks without a fixture, looked for in the test, its fixtures and the
 # functions of its module that they call (a helper `run()` that calls torchrun makes its callers `ranks`).
 SOURCE_SIGNS = {
@@ -101,17 +103,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("slow")
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+@contextmanager
+def pg_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards."""
     import psycopg
 
     name = f"detlab_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    with pg_database() as url:
+        yield url
 
 
 @pytest.fixture
@@ -135,12 +146,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         server.stop()
 
 
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    """A database index of the session's redis-server that no other test used: empty, never flushed."""
+def unused_redis_url(redis_server: RedisServer) -> str:
+    """A database index of the session's redis-server that no one used before: empty, never flushed."""
     db = next(_redis_indexes)
     assert db < redis_server.databases, f"more than {redis_server.databases} tests used Redis: raise REDIS_DATABASES"
     return redis_server.url(db)
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """A database index of the session's redis-server that no other test used: empty, never flushed."""
+    return unused_redis_url(redis_server)
 
 
 @pytest.fixture
