@@ -46,7 +46,8 @@ SOURCE_SIGNS = {
     "ranks": re.compile(r"\bTORCHRUN\b|[\"']torchrun[\"']|\blaunch_ranks\(|\bverify\.launch\(|\bmp\.spawn\("),
 }
 SLOW_MARKERS = {"browser", "faults", "gpu"}  # markers set by hand that put a test in the slow tier too
-TIERS = {"slow": "needs PostgreSQL, Redis, a browser, a deployment or rank processes: not in `make test-fast`",
+TIERS = {"both_databases": "a test of the store: on SQLite and on PostgreSQL (others on PostgreSQL only)",
+         "slow": "needs PostgreSQL, Redis, a browser, a deployment or rank processes: not in `make test-fast`",
          "services": "needs PostgreSQL or Redis", "ranks": "starts rank processes (torchrun, the worker's launcher)",
          "e2e": "a whole deployment (tests/e2e)"}
 
@@ -130,9 +131,17 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'detlab.sqlite3'}"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture
 def db_url(request: pytest.FixtureRequest) -> str:
+    """The database a test's server stores in: PostgreSQL, as in production; a test of the store itself (its
+    module marked `both_databases`) runs on SQLite, the embedded deployment's, too (pytest_generate_tests)."""
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db_url" in metafunc.fixturenames:
+        both = metafunc.definition.get_closest_marker("both_databases") is not None
+        metafunc.parametrize("db_url", ["sqlite", "postgresql"] if both else ["postgresql"], indirect=True)
 
 
 @pytest.fixture(scope="session")
