@@ -4,9 +4,10 @@ The PostgreSQL database is created on the machine's cluster and dropped after th
 redis-server this session starts on a free port (tests/services.py): the machine's Redis is never touched.
 Imports neither the server nor torch, so the core tests run without them.
 
-Tiers: every test that needs PostgreSQL, Redis, a browser, a whole deployment (tests/e2e) or real rank
-processes is marked `slow` here, at collection, from what it uses; nobody marks it by hand. `make test-fast`
-runs the rest (`pytest -m "not slow"`); `make test` runs everything."""
+Tiers: every test that needs PostgreSQL, Redis, a browser, a whole deployment (tests/e2e), rank processes or
+a process of its own (a CLI call, a script: seconds each, importing torch) is marked `slow` here, at collection,
+from what it uses; nobody marks it by hand. `make test-fast` runs the rest (`pytest -m "not slow"`);
+`make test` runs everything."""
 
 from __future__ import annotations
 
@@ -43,12 +44,14 @@ SERVICE_FIXTURES = {"pg_url", "redis_url", "redis_server", "own_redis", "own_pos
 # functions of its module that they call (a helper `run()` that calls torchrun makes its callers `ranks`).
 SOURCE_SIGNS = {
     "services": re.compile(r"\bPG_ADMIN\b|psycopg\.connect\("),
+    "processes": re.compile(r"\bsys\.executable\b|\bsubprocess\.(run|Popen|check_output|check_call|call)\("),
     "ranks": re.compile(r"\bTORCHRUN\b|[\"']torchrun[\"']|\blaunch_ranks\(|\bverify\.launch\(|\bmp\.spawn\("),
 }
 SLOW_MARKERS = {"browser", "faults", "gpu"}  # markers set by hand that put a test in the slow tier too
 TIERS = {"both_databases": "a test of the store: on SQLite and on PostgreSQL (others on PostgreSQL only)",
-         "slow": "needs PostgreSQL, Redis, a browser, a deployment or rank processes: not in `make test-fast`",
-         "services": "needs PostgreSQL or Redis", "ranks": "starts rank processes (torchrun, the worker's launcher)",
+         "slow": "needs PostgreSQL, Redis, a browser, a deployment or processes: not in `make test-fast`",
+         "services": "needs PostgreSQL or Redis", "processes": "starts a process of its own (a CLI call, a script)",
+         "ranks": "starts rank processes (torchrun, the worker's launcher)",
          "e2e": "a whole deployment (tests/e2e)"}
 
 
@@ -73,7 +76,7 @@ def _sources(func: Callable[..., object], module: types.ModuleType | None, seen:
 
 
 def tier_reasons(item: pytest.Item) -> set[str]:
-    """Why `item` is slow: a subset of services, ranks, e2e, browser, faults, gpu (empty: it is fast)."""
+    """Why `item` is slow: a subset of services, processes, ranks, e2e, browser, faults, gpu (empty: fast)."""
     reasons = {m.name for m in item.iter_markers() if m.name in SLOW_MARKERS}
     if "e2e" in Path(str(item.fspath)).relative_to(ROOT).parts[:2]:
         reasons.add("e2e")
