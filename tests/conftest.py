@@ -15,6 +15,7 @@ import inspect
 import itertools
 import os
 import re
+import sys
 import types
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,7 +46,7 @@ SERVICE_FIXTURES = {"pg_url", "redis_url", "redis_server", "own_redis", "own_pos
 SOURCE_SIGNS = {
     "services": re.compile(r"\bPG_ADMIN\b|psycopg\.connect\("),
     "processes": re.compile(r"\bsys\.executable\b|\bsubprocess\.(run|Popen|check_output|check_call|call)\("),
-    "ranks": re.compile(r"\bTORCHRUN\b|[\"']torchrun[\"']|\blaunch_ranks\(|\bverify\.launch\(|\bmp\.spawn\("),
+    "ranks": re.compile(r"\bTORCHRUN\b|[\"']torchrun[\"']|\blaunch_ranks\(|\bverify\.(launch|main)\(|\bmp\.spawn\("),
 }
 SLOW_MARKERS = {"browser", "faults", "gpu"}  # markers set by hand that put a test in the slow tier too
 TIERS = {"both_databases": "a test of the store: on SQLite and on PostgreSQL (others on PostgreSQL only)",
@@ -56,7 +57,7 @@ TIERS = {"both_databases": "a test of the store: on SQLite and on PostgreSQL (ot
 
 
 def _sources(func: Callable[..., object], module: types.ModuleType | None, seen: set[object]) -> Iterator[str]:
-    """The source of `func` and of every function of `module` it names, transitively."""
+    """The source of `func` and of every test helper (a function of a `tests.` module) it names, transitively."""
     func = inspect.unwrap(func)
     if func in seen or not isinstance(func, types.FunctionType):
         return
@@ -71,8 +72,8 @@ def _sources(func: Callable[..., object], module: types.ModuleType | None, seen:
                                            for n in c.co_names}
     for name in names:
         called = inspect.unwrap(getattr(module, name, None) or _sources)  # a functools.cache'd helper too
-        if isinstance(called, types.FunctionType) and called.__module__ == module.__name__:
-            yield from _sources(called, module, seen)
+        if isinstance(called, types.FunctionType) and called.__module__.startswith("tests."):
+            yield from _sources(called, sys.modules.get(called.__module__), seen)  # imported from another test too
 
 
 def tier_reasons(item: pytest.Item) -> set[str]:
