@@ -28,7 +28,8 @@ from tests.e2e.conftest import Stack, distributed_stack, read_job, wait_for
 from tests.services import PostgresServer, RedisServer
 from tests.waiting import wait_steady
 
-pytestmark = pytest.mark.faults  # in `make test` like every test; `pytest -m faults` runs these alone
+# In `make test` like every test; `pytest -m faults` runs these alone. Each waits up to minutes per phase.
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
 FINISHED = ("succeeded", "failed", "cancelled")
 # tiny-lm trains at tens of steps/s on a CPU: 100 steps outlast each fault, mlp's could end before it.
