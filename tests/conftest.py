@@ -48,7 +48,10 @@ SOURCE_SIGNS = {
     "processes": re.compile(r"\bsys\.executable\b|\bsubprocess\.(run|Popen|check_output|check_call|call)\("),
     "ranks": re.compile(r"\bTORCHRUN\b|[\"']torchrun[\"']|\blaunch_ranks\(|\bverify\.(launch|main)\(|\bmp\.spawn\("),
 }
-SLOW_MARKERS = {"browser", "faults", "gpu"}  # markers set by hand that put a test in the slow tier too
+SLOW_MARKERS = {"browser", "faults", "gpu"}
+# A deployment's test waits on jobs for minutes by design (the first one of a module starts the shared stack):
+# it gets this limit instead of pyproject's 300 s, unless it sets its own.
+E2E_TIMEOUT_S = 600  # markers set by hand that put a test in the slow tier too
 TIERS = {"both_databases": "a test of the store: on SQLite and on PostgreSQL (others on PostgreSQL only)",
          "slow": "needs PostgreSQL, Redis, a browser, a deployment or processes: not in `make test-fast`",
          "services": "needs PostgreSQL or Redis", "processes": "starts a process of its own (a CLI call, a script)",
@@ -106,6 +109,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(reason)
         if reasons:
             item.add_marker("slow")
+        if "e2e" in reasons and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
 
 
 @contextmanager
