@@ -1,17 +1,23 @@
-# detlab: `make run` starts the embedded dashboard; `make test` runs the whole test suite.
-# Both set up what they need (virtualenv, packages; services and browser for the tests).
+# detlab: `make run` starts the embedded dashboard; `make test` runs the whole test suite; `make test-fast` the
+# tests that need no PostgreSQL, Redis, browser, deployment or rank processes (tests/conftest.py sorts them).
+# Each sets up what it needs (virtualenv, packages; services and browser for the full suite).
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: run test lint bench services
+.PHONY: run test test-fast lint bench services
 
 run: $(VENV)/.installed
 	$(VENV)/bin/detlab up --port $(PORT)
 
+PYTEST_ARGS ?=
+
 test: $(VENV)/.installed services
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

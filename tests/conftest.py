@@ -1,15 +1,25 @@
-"""Fixtures every layer may use: real PostgreSQL and Redis, one fresh database each.
+"""Fixtures every layer may use (real PostgreSQL and Redis, one fresh database each) and the test tiers.
 
 The PostgreSQL database is created on the machine's cluster and dropped after the test; Redis is a
 redis-server this session starts on a free port (tests/services.py): the machine's Redis is never touched.
-Imports neither the server nor torch, so the core tests run without them."""
+Imports neither the server nor torch, so the core tests run without them.
+
+Tiers: every test that needs PostgreSQL, Redis, a browser, a whole deployment (tests/e2e), rank processes or
+a process of its own (a CLI call, a script: seconds each, importing torch) is marked `slow` here, at collection,
+from what it uses; nobody marks it by hand. `make test-fast` runs the rest (`pytest -m "not slow"`);
+`make test` runs everything."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
+import re
+import sys
+import types
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -28,17 +38,103 @@ REDIS_DATABASES = 1024
 _redis_indexes = itertools.count()
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+# ---- tiers -----------------------------------------------------------------------------------------------------
+# The reason a test is slow, as a marker of its own (`-m services`, `-m ranks` select them); each also gets `slow`.
+# Fixtures that start or reach a service:
+SERVICE_FIXTURES = {"pg_url", "redis_url", "redis_server", "own_redis", "own_postgres", "distributed",
+                    "shared_distributed"}
+# Code that reaches a service or starts ranks without a fixture, looked for in the test, its fixtures and the
+# functions of its module that they call (a helper `run()` that calls torchrun makes its callers `ranks`).
+SOURCE_SIGNS = {
+    "services": re.compile(r"\bPG_ADMIN\b|psycopg\.connect\("),
+    "processes": re.compile(r"\bsys\.executable\b|\bsubprocess\.(run|Popen|check_output|check_call|call)\("),
+    "ranks": re.compile(r"\bTORCHRUN\b|[\"']torchrun[\"']|\blaunch_ranks\(|\bverify\.(launch|main)\(|\bmp\.spawn\("),
+}
+SLOW_MARKERS = {"browser", "faults", "gpu"}
+# A deployment's test waits on jobs for minutes by design (the first one of a module starts the shared stack):
+# it gets this limit instead of pyproject's 300 s, unless it sets its own.
+E2E_TIMEOUT_S = 600  # markers set by hand that put a test in the slow tier too
+TIERS = {"both_databases": "a test of the store: on SQLite and on PostgreSQL (others on PostgreSQL only)",
+         "slow": "needs PostgreSQL, Redis, a browser, a deployment or processes: not in `make test-fast`",
+         "services": "needs PostgreSQL or Redis", "processes": "starts a process of its own (a CLI call, a script)",
+         "ranks": "starts rank processes (torchrun, the worker's launcher)",
+         "e2e": "a whole deployment (tests/e2e)"}
+
+
+def _sources(func: Callable[..., object], module: types.ModuleType | None, seen: set[object]) -> Iterator[str]:
+    """The source of `func` and of every test helper (a function of a `tests.` module) it names, transitively."""
+    func = inspect.unwrap(func)
+    if func in seen or not isinstance(func, types.FunctionType):
+        return
+    seen.add(func)
+    try:
+        yield inspect.getsource(func)
+    except (OSError, TypeError):
+        return
+    if module is None:
+        return
+    names = set(func.__code__.co_names) | {n for c in func.__code__.co_consts if isinstance(c, types.CodeType)
+                                           for n in c.co_names}
+    for name in names:
+        called = inspect.unwrap(getattr(module, name, None) or _sources)  # a functools.cache'd helper too
+        if isinstance(called, types.FunctionType) and called.__module__.startswith("tests."):
+            yield from _sources(called, sys.modules.get(called.__module__), seen)  # imported from another test too
+
+
+def tier_reasons(item: pytest.Item) -> set[str]:
+    """Why `item` is slow: a subset of services, processes, ranks, e2e, browser, faults, gpu (empty: fast)."""
+    reasons = {m.name for m in item.iter_markers() if m.name in SLOW_MARKERS}
+    if "e2e" in Path(str(item.fspath)).relative_to(ROOT).parts[:2]:
+        reasons.add("e2e")
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    if names & SERVICE_FIXTURES or (callspec is not None and callspec.params.get("db_url") == "postgresql"):
+        reasons.add("services")
+    if isinstance(item, pytest.Function):
+        seen: set[object] = set()
+        funcs = [item.obj] + [d.func for n in names for d in item._fixtureinfo.name2fixturedefs.get(n, ())]
+        for func in funcs:
+            for source in _sources(func, inspect.getmodule(func), seen):
+                reasons |= {why for why, sign in SOURCE_SIGNS.items() if sign.search(source)}
+    return reasons
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        reasons = tier_reasons(item)
+        for reason in reasons - SLOW_MARKERS:
+            item.add_marker(reason)
+        if reasons:
+            item.add_marker("slow")
+        if "e2e" in reasons and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
+
+
+@contextmanager
+def pg_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards."""
     import psycopg
 
     name = f"detlab_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    with pg_database() as url:
+        yield url
 
 
 @pytest.fixture
@@ -46,9 +142,17 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'detlab.sqlite3'}"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture
 def db_url(request: pytest.FixtureRequest) -> str:
+    """The database a test's server stores in: PostgreSQL, as in production; a test of the store itself (its
+    module marked `both_databases`) runs on SQLite, the embedded deployment's, too (pytest_generate_tests)."""
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db_url" in metafunc.fixturenames:
+        both = metafunc.definition.get_closest_marker("both_databases") is not None
+        metafunc.parametrize("db_url", ["sqlite", "postgresql"] if both else ["postgresql"], indirect=True)
 
 
 @pytest.fixture(scope="session")
@@ -62,12 +166,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         server.stop()
 
 
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    """A database index of the session's redis-server that no other test used: empty, never flushed."""
+def unused_redis_url(redis_server: RedisServer) -> str:
+    """A database index of the session's redis-server that no one used before: empty, never flushed."""
     db = next(_redis_indexes)
     assert db < redis_server.databases, f"more than {redis_server.databases} tests used Redis: raise REDIS_DATABASES"
     return redis_server.url(db)
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """A database index of the session's redis-server that no other test used: empty, never flushed."""
+    return unused_redis_url(redis_server)
 
 
 @pytest.fixture

@@ -15,6 +15,8 @@ from detlab.backend.services import dispatch as dispatch_service
 from detlab.backend.services.idempotency import MAX_KEY_LENGTH
 from detlab.core.settings import Settings
 
+pytestmark = pytest.mark.both_databases  # the store itself: SQLite (embedded) and PostgreSQL
+
 JOB = {"workload": "mlp", "configs": [{"preset": "default"}], "world_size": 1, "steps": 2}
 
 

@@ -17,6 +17,8 @@ from detlab.backend.services.jobs import create_job, set_tags
 from detlab.core.settings import Settings
 from tests.backend.test_api import AUTH, TOKEN, TWO_CONFIGS, finish_collective_job, record_steps
 
+pytestmark = pytest.mark.both_databases  # the store itself: SQLite (embedded) and PostgreSQL
+
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:  # type: ignore[no-untyped-def]

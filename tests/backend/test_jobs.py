@@ -16,6 +16,8 @@ from detlab.core import configs
 from detlab.core.settings import Settings
 from detlab.core.wire import Heartbeat
 
+pytestmark = pytest.mark.both_databases  # the store itself: SQLite (embedded) and PostgreSQL
+
 
 def test_sweep_has_one_config_per_cell_of_the_product() -> None:
     cells = expand_sweep(configs.preset("default"), {"NCCL_ALGO": [None, "Ring", "Tree"],

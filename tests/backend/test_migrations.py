@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -12,6 +13,8 @@ from sqlalchemy import Connection, inspect, text
 from detlab.backend.db import make_engine
 from detlab.backend.models import Base
 from detlab.migrations import alembic_config
+
+pytestmark = pytest.mark.both_databases  # the store itself: SQLite (embedded) and PostgreSQL
 
 
 def test_upgrade_downgrade_upgrade(db_url: str) -> None:

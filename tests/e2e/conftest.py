@@ -18,7 +18,9 @@ import httpx
 import pytest
 
 from detlab.worker.runner import SPOOL_PREFIX
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, pg_database, unused_redis_url
+from tests.services import RedisServer
+from tests.waiting import wait_until
 
 
 def wait_healthy(url: str, procs: list[subprocess.Popen], timeout: float = 60.0) -> None:
@@ -115,12 +117,7 @@ def stack_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
 
 def wait_for(what: str, check: Callable[[], Any], stack: Stack, timeout: float = 120.0) -> Any:
     """`check()`'s first truthy answer, asked every 0.2 s; past `timeout`, an error with the stack's logs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not seen in {timeout} s\n{stack.logs()}")
+    return wait_until(check, timeout, what, interval=0.2, explain=stack.logs)
 
 
 def read_job(stack: Stack, job_id: int) -> dict[str, Any]:
@@ -151,19 +148,49 @@ def distributed(tmp_path: Path, pg_url: str, redis_url: str) -> Iterator[Stack]:
         yield stack
 
 
-@pytest.fixture
-def embedded(tmp_path: Path) -> Iterator[Stack]:
+@contextmanager
+def embedded_stack(folder: Path) -> Iterator[Stack]:
     """`detlab up`, the README's run command: SQLite and the embedded broker, no services."""
     port = free_port()
-    env = stack_env(tmp_path, port)
+    env = stack_env(folder, port)
     del env["DETLAB_INGEST_TOKEN"]  # `up` makes its own, as on a fresh laptop
-    stack = Stack(url=f"http://127.0.0.1:{port}", env=env, log_dir=tmp_path)
-    stack.start("up", "up", "--port", str(port), "--data-dir", str(tmp_path / "data"))
+    stack = Stack(url=f"http://127.0.0.1:{port}", env=env, log_dir=folder)
+    stack.start("up", "up", "--port", str(port), "--data-dir", str(folder / "data"))
     try:
         wait_healthy(stack.url, list(stack.procs.values()))
         yield stack
     finally:
         stack.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_distributed(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
+    """One distributed deployment for a whole module, for tests that only look at their own jobs (by id)."""
+    with pg_database() as database, distributed_stack(tmp_path_factory.mktemp("distributed"), database,
+                                                      unused_redis_url(redis_server)) as stack:
+        yield stack
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[Stack]:
+    """A `detlab up` of this test's own, on an empty database."""
+    with embedded_stack(tmp_path) as stack:
+        yield stack
+
+
+@pytest.fixture
+def own_embedded(tmp_path: Path) -> Iterator[Stack]:
+    """As `embedded`, under the name a module that shares one stack as `embedded` uses for a test that must not."""
+    with embedded_stack(tmp_path) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def shared_embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One `detlab up` for a whole module, for tests that only look at their own jobs (by id): starting it per
+    test was most of their time. A test that counts everything on the server takes `embedded` instead."""
+    with embedded_stack(tmp_path_factory.mktemp("embedded")) as stack:
+        yield stack
 
 
 def rank_processes(run_id: int, under: Path) -> dict[int, int]:

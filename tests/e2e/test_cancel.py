@@ -31,6 +31,17 @@ def gone_after(stack: Stack, run_id: int, groups: set[int], started: float) -> f
     raise AssertionError(f"run {run_id}: processes {sorted(left)} of its ranks' groups still run")
 
 
+def stored_steps(stack: Stack, run_id: int, distinct: str = "step, rank") -> int:
+    """How many step records (or distinct steps) of the run the database holds."""
+    engine = create_engine(stack.env["DETLAB_DATABASE_URL"])
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text(f"SELECT count(DISTINCT ({distinct})) FROM step_records WHERE run_id = :r"),
+                                    {"r": run_id}).scalar_one())
+    finally:
+        engine.dispose()
+
+
 def rank_alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -58,16 +69,14 @@ def test_cancelling_a_running_job_kills_its_ranks_keeps_their_steps_and_never_st
     assert cancelled["status"] == "cancelled"
     assert [r["status"] for r in cancelled["runs"]] == ["cancelled", "cancelled"]
     assert cancelled["runs"][1]["attempt"] == 0  # queued behind the first: never started
-    engine = create_engine(distributed.env["DETLAB_DATABASE_URL"])
-    with engine.connect() as conn:
-        kept = conn.execute(text("SELECT count(DISTINCT step) FROM step_records WHERE run_id = :r"),
-                            {"r": first}).scalar_one()
-    engine.dispose()
+    kept = stored_steps(distributed, first, distinct="step")
     assert kept >= recorded + 1  # steps 0 .. recorded (on some rank), and whatever arrived before the cancel
     result = distributed.comparison(job["id"])  # computed from what was recorded: run b recorded nothing
     assert (result["verdict"], result["reason"]) == ("incomparable", f"run(s) {second} recorded no steps")
 
-    time.sleep(3)  # a Celery redelivery or a reconciler pass must not bring either run back
+    # What is tested is that nothing happens in a while: a Celery redelivery or a reconciler pass (every 1 s here)
+    # must not bring either run back. A window of three passes, not a wait for something.
+    time.sleep(3)
     again = read_job(distributed, job["id"])
     assert [(r["status"], r["attempt"]) for r in again["runs"]] == [("cancelled", 1), ("cancelled", 0)]
     assert distributed.ranks(second) == {}
@@ -84,7 +93,8 @@ def test_detlab_cancel_stops_a_run_that_sends_no_records_through_its_heartbeat(d
     run_id = job["runs"][0]["id"]
     wait_for("the run", lambda: read_job(distributed, job["id"])["status"] == "running", distributed)
     ranks = wait_for("two ranks", lambda: len(found := distributed.ranks(run_id)) >= 2 and found, distributed)
-    time.sleep(2)  # training, between fingerprints
+    # Training, between fingerprints: the one at the start is recorded, the next only at the end.
+    wait_for("step 0's fingerprints", lambda: stored_steps(distributed, run_id) >= 2, distributed)
 
     started = time.monotonic()
     out = cli_cancel(distributed, job["id"])

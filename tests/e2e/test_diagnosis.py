@@ -66,13 +66,24 @@ def test_batch_invariance_job_records_every_cell_and_the_models_first_module(dis
     assert done["verdict"] == expected
 
 
+def rank_envs(stack: Stack, run_id: int) -> int:
+    engine = create_engine(stack.env["DETLAB_DATABASE_URL"])
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM rank_envs WHERE run_id = :r"), {"r": run_id})
+                       .scalar_one())
+    finally:
+        engine.dispose()
+
+
 def test_cancelling_a_batch_invariance_job_kills_its_rank(distributed: Stack) -> None:
     # bfloat16 4096 × 4096 products on two CPU cores: minutes of work, cancelled long before.
     job = distributed.submit({"kind": "batch-invariance", "configs": [{"preset": "default"}], "diagnosis": {
         "ops": ["mm"], "dtypes": ["bfloat16", "float16"], "batch_sizes": [1, 4095, 4096], "features": 4096}})
     run_id = job["runs"][0]["id"]
     ranks = wait_for("the rank", lambda: distributed.ranks(run_id), distributed)
-    time.sleep(1)
+    # Past its start (torch imported, its environment recorded): cancelled while it computes.
+    wait_for("the rank's environment record", lambda: rank_envs(distributed, run_id) >= 1, distributed)
     started = time.monotonic()
     resp = httpx.post(f"{distributed.url}/api/v1/jobs/{job['id']}/cancel", timeout=30)
     assert resp.status_code == 200, resp.text

@@ -7,12 +7,19 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 from sqlalchemy import create_engine, text
 
 from tests.conftest import ROOT
 from tests.e2e.conftest import Stack
 
 MLP_TENSORS = ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+
+
+@pytest.fixture
+def distributed(shared_distributed: Stack) -> Stack:
+    """These tests look only at jobs of their own, by id: they share one deployment (tests/e2e/conftest.py)."""
+    return shared_distributed
 
 
 def test_deterministic_config_is_identical_over_three_repeats(distributed: Stack) -> None:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,8 +26,10 @@ from sqlalchemy import create_engine, text
 from detlab.worker.runner import SPOOL_PREFIX
 from tests.e2e.conftest import Stack, distributed_stack, read_job, wait_for
 from tests.services import PostgresServer, RedisServer
+from tests.waiting import wait_steady
 
-pytestmark = pytest.mark.faults  # in `make test` like every test; `pytest -m faults` runs these alone
+# In `make test` like every test; `pytest -m faults` runs these alone. Each waits up to minutes per phase.
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
 FINISHED = ("succeeded", "failed", "cancelled")
 # tiny-lm trains at tens of steps/s on a CPU: 100 steps outlast each fault, mlp's could end before it.
@@ -65,6 +66,10 @@ def private_stack(tmp_path: Path, postgres: PostgresServer, redis: RedisServer, 
     database = postgres.create_database(f"detlab_fault_{uuid.uuid4().hex[:10]}")
     with distributed_stack(tmp_path, database, redis.url(), **extra) as stack:
         yield stack
+
+
+def api_log(stack: Stack) -> str:
+    return (stack.log_dir / "api.log").read_text(errors="replace")
 
 
 def steps_done(stack: Stack, job_id: int) -> int:
@@ -149,7 +154,9 @@ def test_redis_restarted_mid_job_loses_no_run_and_no_record(
             "workload": "mlp", "steps": 5, "world_size": world, "configs": [{"preset": "default"}]})
         assert resp.status_code == 202, resp.text  # kept, sent by the reconciler once the broker is back
         late = resp.json()
-        time.sleep(1)
+        # The outage lasts until the API has seen it (health names the broker), not a fixed second.
+        wait_for("the API seeing the broker down",
+                 lambda: httpx.get(f"{stack.url}/api/v1/health", timeout=10).status_code == 503, stack, timeout=60)
         own_redis.start()
 
         finished = [stack.wait_job(job["id"], timeout=180) for job in (running, late)]
@@ -171,7 +178,8 @@ def test_postgres_restarted_mid_job_has_its_batches_retried_and_stored_once(
         wait_for("three recorded steps", lambda: steps_done(stack, job["id"]) >= 3, stack)
         assert is_running(stack, job["id"]), "the job ended before the fault: make it longer"
         own_postgres.stop()  # closes every connection: the API's pool, mid-request or idle
-        time.sleep(2)  # the ranks train on; the worker's batches and heartbeats fail meanwhile
+        # The ranks train on; the outage lasts until a batch of the worker's has failed on it (asserted below).
+        wait_for("a records batch failing", lambda: "in add_records" in api_log(stack), stack, timeout=60)
         own_postgres.start()
 
         done = stack.wait_job(job["id"], timeout=180)
@@ -179,11 +187,11 @@ def test_postgres_restarted_mid_job_has_its_batches_retried_and_stored_once(
         # Attempt 1 still: the batches were retried, not the run redone from scratch.
         assert (run["status"], run["attempt"]) == ("succeeded", 1), run
         tallies, left = [tally(stack, run_id, all_steps(steps, world))], stuck(stack, job["id"])
-        api_log = (stack.log_dir / "api.log").read_text(errors="replace")
+        api_said = api_log(stack)
     report("PostgreSQL restart mid-job", tallies, left)
     # A records batch did fail during the outage (its 500's traceback names the route), so the worker's retry
     # is what stored it: else this test would prove nothing.
-    assert "OperationalError" in api_log and "in add_records" in api_log
+    assert "OperationalError" in api_said and "in add_records" in api_said
     assert tallies == [CLEAN] and left == []
 
 
@@ -218,9 +226,10 @@ def test_hung_rank_fails_the_run_naming_it_with_its_output_and_keeps_every_recor
         run_id = job["runs"][0]["id"]
         wait_for("three recorded steps", lambda: steps_done(stack, job["id"]) >= 3, stack)
         os.kill(rank_pid(stack, run_id, 1), signal.SIGSTOP)
-        time.sleep(1)  # rank 0 blocks in its next all_reduce: from now on neither spool grows
         (folder,) = stack.spool_root.glob(f"{SPOOL_PREFIX}{run_id}-*")
-        recorded = spooled_steps(folder)
+        # Rank 0 blocks in its next all_reduce: from then on neither spool grows (well before the hang timeout).
+        recorded = wait_steady(lambda: spooled_steps(folder), timeout=30, steady_s=1.0, what="the spools",
+                               explain=stack.logs)
 
         done = stack.wait_job(job["id"], timeout=60)
         run = done["runs"][0]

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from detlab.sdk import load_run
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.timeout(900)  # each example may run for minutes (run()'s own limit is 300 s a call)
 
 DOC = ROOT / "docs" / "sdk.md"
 BLOCK = re.compile(r"```(?:python|bash)\n# ([\w.-]+)[^\n]*\n(.*?)```", re.S)

@@ -16,6 +16,8 @@ import pytest
 from detlab.sdk import load_run
 from tests.sdk.test_compare import compare, verdict
 
+pytestmark = pytest.mark.timeout(600)  # two trainer runs of up to 300 s each
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LIGHTNING, HF = SCRIPTS / "train_lightning.py", SCRIPTS / "train_hf.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"

@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, func, select
 from detlab.backend.models import Job, Run, StepRecord
 from tests.conftest import ROOT, free_port
 from tests.e2e.conftest import Stack, stack_env
+from tests.waiting import wait_until
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -104,7 +105,12 @@ def test_the_server_dying_mid_run_loses_no_record(server: Stack, tmp_path: Path)
         assert time.monotonic() < deadline and proc.poll() is None, "no record reached the server"
         time.sleep(0.2)
     server.kill("api")
-    time.sleep(3)  # the loop goes on; its records wait in the directory
+    local = tmp_path / "a" / "rank0.jsonl"
+    at_kill = len(local.read_bytes().splitlines())
+    # The loop goes on (its records wait in the directory): a few more steps recorded with the API down.
+    wait_until(lambda: len(local.read_bytes().splitlines()) >= at_kill + 5 or proc.poll() is not None, 120,
+               "steps recorded with the API down", explain=server.logs)
+    assert proc.poll() is None, "the run ended while the API was down: make it longer"
     port = server.url.rsplit(":", 1)[1]
     server.start("api", "api", "--host", "127.0.0.1", "--port", port)
     wait_live(server)
