@@ -19,6 +19,7 @@ from detlab.backend.api.deps import SESSION_COOKIE, PageAccess, Reading
 from detlab.backend.figures.train import warm_up as warm_up_figures
 from detlab.backend.guards import Guard
 from detlab.backend.limits import BodyLimit
+from detlab.backend.services.login_limit import LoginLimiter
 from detlab.core.settings import Settings, get_settings
 from detlab.core.text import escaped
 
@@ -48,6 +49,7 @@ def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> 
     # No /docs or /redoc: their pages load scripts from a CDN and run an inline one, which the CSP
     # (detlab.backend.guards) refuses. The schema is at /openapi.json.
     app = FastAPI(title="detlab", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.login_limiter = LoginLimiter.from_settings(settings)  # per app: wrong logins, hashes at once
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     # JSON results and figures; static files come gzipped already (detlab.backend.static) and are skipped.

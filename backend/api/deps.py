@@ -49,6 +49,12 @@ def _trusted_peer(request: Request, settings: Settings) -> bool:
     return any(peer in ipaddress.ip_network(n, strict=False) for n in settings.trusted_proxies)
 
 
+def forwarded_https(request: Request, settings: Settings) -> bool:
+    """The request reached a trusted proxy over https (its X-Forwarded-Proto), though it arrives here as http."""
+    proto = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return proto == "https" and _trusted_peer(request, settings)
+
+
 def _proxy_identity(request: Request, settings: Settings) -> Identity | None:
     header = settings.proxy_user_header
     values = request.headers.getlist(header)
