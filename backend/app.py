@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -12,6 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from detlab.backend import pages, static
 from detlab.backend.api import auth, compare, diagnosis, findings, ingest, jobs, meta
@@ -23,6 +26,8 @@ from detlab.backend.services.login_limit import LoginLimiter
 from detlab.core.settings import Settings, get_settings
 from detlab.core.text import escaped
 
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 5  # what a 503 for a database outage asks a client to wait
 FRONTEND = Path(str(files("detlab.frontend")))
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 STATIC_OVERRIDES = {"plotly.min.js": PLOTLY_JS}  # served as /static/plotly.min.js, from the plotly package
@@ -64,6 +69,16 @@ def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> 
         detail = [{"type": e["type"], "loc": [escaped(p) if isinstance(p, str) else p for p in e["loc"]],
                    "msg": escaped(e["msg"])} for e in exc.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    @app.exception_handler(PoolTimeout)
+    async def database_down(_request: Request, exc: Exception) -> JSONResponse:
+        # The database is unreachable, restarting or saturated: a client may come back (workers and the SDK
+        # keep their records and retry), so a 503 with when, never a 500. Its address and error stay in the log.
+        log.warning("database unavailable: %s", exc)
+        return JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
     # Outside auth mode none everything but health needs an identity: reading needs scope `read`; submitting
     # and cancelling also `submit` (deps.CurrentUser); ingest takes its own tokens.
