@@ -55,20 +55,30 @@ class BadSpec(IngestError):
 
 
 class IngestClient:
-    def __init__(self, api_url: str, token: str, *, retries: int = 8, timeout_s: float = 30.0) -> None:
+    """`retries` tries again after a transport error or a 5xx (backoff from 0.2 s doubling to 5 s: about 21 s
+    for 8); `retry_for_s`, when given, instead keeps trying until that long has passed since the first try, so
+    that a worker rides out a database or API outage with its records in the spool."""
+
+    def __init__(self, api_url: str, token: str, *, retries: int = 8, timeout_s: float = 30.0,
+                 retry_for_s: float | None = None) -> None:
         self._http = httpx.Client(base_url=api_url.rstrip("/"), timeout=timeout_s,
                                   headers={"Authorization": f"Bearer {token}"})
-        self._retries = retries
+        self._retries, self._retry_for_s = retries, retry_for_s
+
+    def _last_try(self, attempt: int, started: float) -> bool:
+        if self._retry_for_s is None:
+            return attempt >= self._retries
+        return time.monotonic() - started >= self._retry_for_s
 
     def _post(self, path: str, body: BaseModel) -> dict[str, Any]:
         # Every ingest call is idempotent, so retrying after a lost response is safe.
         payload = body.model_dump(mode="json")
-        delay = 0.2
-        for attempt in range(self._retries + 1):
+        delay, started, attempt = 0.2, time.monotonic(), 0
+        while True:
             try:
                 resp = self._http.post(path, json=payload)
             except httpx.TransportError:
-                if attempt == self._retries:
+                if self._last_try(attempt, started):
                     raise
             else:
                 if resp.status_code == 409:
@@ -79,11 +89,10 @@ class IngestClient:
                     if resp.status_code >= 400:
                         raise IngestError(f"{path}: {resp.status_code} {resp.text[:500]}")
                     return resp.json()
-                if attempt == self._retries:
+                if self._last_try(attempt, started):
                     raise Unavailable(f"{path}: {resp.status_code} {resp.text[:500]}")
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+            delay, attempt = min(delay * 2, 5.0), attempt + 1
 
     def claim(self, run_id: int, worker: str) -> RunSpec:
         """Start a new attempt of the run; raises Stale when another worker owns it."""

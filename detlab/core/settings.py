@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 2.0
     run_stale_after_s: float = 30.0
     max_attempts: int = 2
+    # Worker: how long a record batch, a log or a run's finish is tried again through an outage of the API or
+    # its database (the records wait in the run's spool meanwhile), before the run fails.
+    ingest_retry_s: float = Field(default=900.0, ge=0)
     # A run any of whose ranks writes nothing for this long is killed, naming the rank (raise it for long
     # fingerprint intervals).
     hang_timeout_s: float = 600.0
