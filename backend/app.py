@@ -73,10 +73,10 @@ def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> 
     @app.exception_handler(OperationalError)
     @app.exception_handler(InterfaceError)
     @app.exception_handler(PoolTimeout)
-    async def database_down(_request: Request, exc: Exception) -> JSONResponse:
+    async def database_down(request: Request, exc: Exception) -> JSONResponse:
         # The database is unreachable, restarting or saturated: a client may come back (workers and the SDK
         # keep their records and retry), so a 503 with when, never a 500. Its address and error stay in the log.
-        log.warning("database unavailable: %s", exc)
+        log.warning("database unavailable during %s %s: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
                             headers={"Retry-After": str(RETRY_AFTER_S)})
 
