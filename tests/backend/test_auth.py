@@ -312,3 +312,25 @@ def test_the_proxy_header_from_an_untrusted_address_is_refused(proxied: TestClie
 def test_the_proxy_header_sent_twice_is_a_400(proxied: TestClient, headers: list[tuple[str, str]]) -> None:
     resp = proxied.get("/api/v1/jobs", headers=headers)
     assert resp.status_code == 400 and "more than once" in resp.json()["detail"]
+
+
+def test_a_proxy_user_name_over_64_characters_is_refused_never_cut(proxied: TestClient, session: Session) -> None:
+    long = "g" * 65
+    resp = proxied.post("/api/v1/jobs", json=JOB, headers={"X-Forwarded-User": long})
+    assert resp.status_code == 400 and "65 characters" in resp.json()["detail"]
+    assert session.scalar(select(Job)) is None
+    assert proxied.get("/api/v1/jobs", headers={"X-Forwarded-User": "g" * 64}).status_code == 200
+
+
+def test_a_proxy_user_name_is_read_as_utf8(proxied: TestClient, session: Session) -> None:
+    name = "Grâce Hoppér".encode()  # the proxy passes the UTF-8 bytes on; the API reads them as latin-1 first
+    assert proxied.post("/api/v1/jobs", json=JOB, headers={"X-Forwarded-User": name}).status_code == 201
+    assert session.scalar(select(Job.submitter)) == "Grâce Hoppér"
+
+
+def test_the_servers_ingest_token_opens_an_sdk_recording_in_local_mode(client: TestClient) -> None:
+    from tests.backend.test_recordings import opening
+
+    resp = client.post("/api/v1/ingest/recordings", json=opening(),
+                       headers={"Authorization": f"Bearer {INGEST_TOKEN}"})
+    assert resp.status_code == 200, resp.text
