@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -12,6 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from detlab.backend import pages, static
 from detlab.backend.api import auth, compare, diagnosis, findings, ingest, jobs, meta
@@ -19,9 +22,12 @@ from detlab.backend.api.deps import SESSION_COOKIE, PageAccess, Reading
 from detlab.backend.figures.train import warm_up as warm_up_figures
 from detlab.backend.guards import Guard
 from detlab.backend.limits import BodyLimit
+from detlab.backend.services.login_limit import LoginLimiter
 from detlab.core.settings import Settings, get_settings
 from detlab.core.text import escaped
 
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 5  # what a 503 for a database outage asks a client to wait
 FRONTEND = Path(str(files("detlab.frontend")))
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 STATIC_OVERRIDES = {"plotly.min.js": PLOTLY_JS}  # served as /static/plotly.min.js, from the plotly package
@@ -48,6 +54,7 @@ def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> 
     # No /docs or /redoc: their pages load scripts from a CDN and run an inline one, which the CSP
     # (detlab.backend.guards) refuses. The schema is at /openapi.json.
     app = FastAPI(title="detlab", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.login_limiter = LoginLimiter.from_settings(settings)  # per app: wrong logins, hashes at once
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     # JSON results and figures; static files come gzipped already (detlab.backend.static) and are skipped.
@@ -62,6 +69,16 @@ def create_app(*, reconciler: bool = True, settings: Settings | None = None) -> 
         detail = [{"type": e["type"], "loc": [escaped(p) if isinstance(p, str) else p for p in e["loc"]],
                    "msg": escaped(e["msg"])} for e in exc.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    @app.exception_handler(PoolTimeout)
+    async def database_down(request: Request, exc: Exception) -> JSONResponse:
+        # The database is unreachable, restarting or saturated: a client may come back (workers and the SDK
+        # keep their records and retry), so a 503 with when, never a 500. Its address and error stay in the log.
+        log.warning("database unavailable during %s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
     # Outside auth mode none everything but health needs an identity: reading needs scope `read`; submitting
     # and cancelling also `submit` (deps.CurrentUser); ingest takes its own tokens.

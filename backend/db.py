@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from functools import lru_cache
+from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from detlab.core.settings import get_settings
@@ -15,8 +18,22 @@ from detlab.core.settings import get_settings
 POOL_SIZE, POOL_OVERFLOW = 20, 20
 
 
+def private_sqlite_file(url: str) -> None:
+    """Create the SQLite file of `url` readable by its owner only (it holds password hashes and every record),
+    and take group and world access from one made before; -wal and -shm files get the same mode from SQLite."""
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if path.parent.is_dir():
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        with contextlib.suppress(OSError):  # another user's file: leave it as it is
+            path.chmod(path.stat().st_mode & 0o700)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        private_sqlite_file(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")

@@ -29,7 +29,7 @@ def worker_name() -> str:
 
 def ingest_client() -> IngestClient:
     settings = get_settings()
-    return IngestClient(settings.api_url, settings.resolved_ingest_token())
+    return IngestClient(settings.api_url, settings.resolved_ingest_token(), retry_for_s=settings.ingest_retry_s)
 
 
 @app.task(name=EXECUTE_RUN, bind=True, acks_late=True)

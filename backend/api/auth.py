@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from pydantic import BaseModel, Field
 
-from detlab.backend.api.deps import SESSION_COOKIE, SessionDep, SettingsDep, require
+from detlab.backend.api.deps import SESSION_COOKIE, SessionDep, SettingsDep, forwarded_https, require
 from detlab.backend.services import auth
 from detlab.backend.services.auth import Identity
+from detlab.backend.services.login_limit import Busy, LoginLimiter
 from detlab.core.text import StorableText
 
 router = APIRouter(prefix="/api/v1/auth", tags=["auth"])
@@ -34,22 +36,37 @@ def _read(settings: SettingsDep, found: Identity | None) -> IdentityRead:
 
 
 @router.post("/login", response_model=IdentityRead, responses={401: {"description": "wrong user name or password"},
-                                                                409: {"description": "auth mode is not 'local'"}})
+                                                                409: {"description": "auth mode is not 'local'"},
+                                                                429: {"description": "too many wrong logins"},
+                                                                503: {"description": "too many logins at once"}})
 def login(data: LoginCreate, request: Request, response: Response, session: SessionDep,
           settings: SettingsDep) -> IdentityRead:
-    """Check the password and set the session cookie (HttpOnly, SameSite=Lax, Secure over https or when
-    DETLAB_SESSION_COOKIE_SECURE is set)."""
+    """Check the password and set the session cookie (HttpOnly, SameSite=Lax, Secure over https, also when a
+    trusted proxy says so in X-Forwarded-Proto, or as DETLAB_SESSION_COOKIE_SECURE says). Wrong logins per
+    user and per address are limited (429), and so are password hashes at once (503)."""
     if settings.auth_mode != "local":
         raise HTTPException(409, f"auth mode is '{settings.auth_mode}': there is nothing to log in to")
+    limiter: LoginLimiter = request.app.state.login_limiter
+    address = request.client.host if request.client else ""
+    if (wait := limiter.retry_after(account=data.name, address=address)) is not None:
+        raise HTTPException(429, f"too many wrong logins for this user or from this address; try again in "
+                                 f"{math.ceil(wait)} s", headers={"Retry-After": str(math.ceil(wait))})
     try:
-        cookie, _ = auth.login(session=session, name=data.name, password=data.password,
-                                  ttl_s=settings.session_ttl_s)
+        with limiter.hashing():
+            cookie, _ = auth.login(session=session, name=data.name, password=data.password,
+                                   ttl_s=settings.session_ttl_s)
+    except Busy as exc:
+        raise HTTPException(503, "too many logins at once; try again in a moment",
+                            headers={"Retry-After": "1"}) from exc
     except auth.AuthError as exc:
+        limiter.failed(account=data.name, address=address)
         raise HTTPException(401, str(exc)) from exc
+    limiter.succeeded(account=data.name)
     session.commit()
     secure = settings.session_cookie_secure
+    https = request.url.scheme == "https" or forwarded_https(request, settings)
     response.set_cookie(SESSION_COOKIE, cookie, max_age=settings.session_ttl_s, path="/", httponly=True,
-                        samesite="lax", secure=request.url.scheme == "https" if secure is None else secure)
+                        samesite="lax", secure=https if secure is None else secure)
     return _read(settings, auth.session_identity(session=session, cookie=cookie))
 
 

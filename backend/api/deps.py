@@ -32,6 +32,7 @@ Offset = Annotated[int, Query(ge=0, le=INT64)]
 
 
 SESSION_COOKIE = "detlab_session"
+MAX_USER_NAME = 64  # the users and jobs tables' column width
 
 
 def bearer(request: Request) -> str | None:
@@ -49,6 +50,12 @@ def _trusted_peer(request: Request, settings: Settings) -> bool:
     return any(peer in ipaddress.ip_network(n, strict=False) for n in settings.trusted_proxies)
 
 
+def forwarded_https(request: Request, settings: Settings) -> bool:
+    """The request reached a trusted proxy over https (its X-Forwarded-Proto), though it arrives here as http."""
+    proto = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return proto == "https" and _trusted_peer(request, settings)
+
+
 def _proxy_identity(request: Request, settings: Settings) -> Identity | None:
     header = settings.proxy_user_header
     values = request.headers.getlist(header)
@@ -61,12 +68,18 @@ def _proxy_identity(request: Request, settings: Settings) -> Identity | None:
         peer = request.client.host if request.client else "an unknown address"
         raise HTTPException(401, f"the {header} header is trusted only from DETLAB_TRUSTED_PROXIES "
                                  f"({', '.join(settings.trusted_proxies)}); this request came from {peer}")
-    user = values[0].strip()
+    try:  # HTTP headers arrive as latin-1; proxies send a UTF-8 user name's bytes as they are
+        user = values[0].encode("latin-1").decode("utf-8").strip()
+    except UnicodeError:
+        raise HTTPException(400, f"the {header} header is not UTF-8") from None
     if not user:
         return None
     if problem := text_error(user):  # it is stored as the job's submitter
         raise HTTPException(400, f"the {header} header {problem}")
-    return Identity(name=user[:64], scopes=PROXY_SCOPES)
+    if len(user) > MAX_USER_NAME:  # never cut: two long names sharing 64 characters would be one user
+        raise HTTPException(400, f"the {header} header holds a user name of {len(user)} characters; "
+                                 f"at most {MAX_USER_NAME} are stored")
+    return Identity(name=user, scopes=PROXY_SCOPES)
 
 
 # Users the proxy vouches for submit and read; tokens and roles belong to auth mode `local`.
@@ -95,6 +108,18 @@ async def identity(request: Request, settings: SettingsDep, session: SessionDep)
 
 
 IdentityDep = Annotated[Identity | None, Depends(identity)]
+
+
+async def ingest_identity(request: Request, settings: SettingsDep, session: SessionDep) -> Identity | None:
+    """Who sends to ingest: no one in particular for the server's DETLAB_INGEST_TOKEN (IngestAuth checked it;
+    it is no user's API token), else the identity of the request."""
+    given = bearer(request) or ""
+    if given and hmac.compare_digest(given.encode(), settings.resolved_ingest_token().encode()):
+        return None
+    return await identity(request, settings, session)
+
+
+IngestIdentityDep = Annotated[Identity | None, Depends(ingest_identity)]
 
 
 def require(scope: auth.Scope) -> Callable[..., Awaitable[Identity | None]]:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from fastapi import APIRouter, HTTPException
 
-from detlab.backend.api.deps import IdentityDep, IngestAuth, RunId, SessionDep, SettingsDep
+from detlab.backend.api.deps import IngestAuth, IngestIdentityDep, RunId, SessionDep, SettingsDep
 from detlab.backend.models import Run
 from detlab.backend.services import ingest, recordings, workers
 from detlab.core.wire import (
@@ -86,7 +86,7 @@ def finish_run(run_id: RunId, body: Finish, session: SessionDep) -> RunStatus:
 
 
 @router.post("/recordings", response_model=RecordingOpened)
-def open_recording(body: RecordingOpen, session: SessionDep, found: IdentityDep) -> RecordingOpened:
+def open_recording(body: RecordingOpen, session: SessionDep, found: IngestIdentityDep) -> RecordingOpened:
     """The run of an SDK recording (created on first open, found again after): records go to
     /runs/{run_id}/records with its attempt, and each rank closes it at /runs/{run_id}/close."""
     with as_http_errors():

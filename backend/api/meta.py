@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 from fastapi import APIRouter, Response
@@ -21,6 +22,7 @@ from detlab.core.configs import ConfigBody
 from detlab.core.wire import MAX_TAGS, TAG_LENGTH, TAG_PATTERN
 from detlab.core.workloads import WorkloadInfo
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/v1", tags=["meta"])
 # Health and liveness answer without an identity in every auth mode (probes, load balancers).
 health_router = APIRouter(prefix="/api/v1", tags=["meta"])
@@ -113,12 +115,17 @@ def live(session: SessionDep) -> LiveRead:
 def health(session: SessionDep, settings: SettingsDep, response: Response) -> HealthRead:
     """200 once the database and the broker answer and a worker has beaten recently; 503 with the reason
     otherwise. The broker check is one PING bounded by a 2 s timeout."""
+    # Unauthenticated: it names what is down, never its address or its error text (the log has those).
+    broker = broker_state(settings)
+    if broker != "ok":
+        log.warning("health: broker %s", broker)
+        broker = "unreachable"
     try:
         session.execute(text("SELECT 1"))
     except Exception as exc:  # noqa: BLE001 - any database failure means not ready
+        log.warning("health: database unreachable: %s", exc)
         response.status_code = 503
-        return HealthRead(status="unavailable", database=str(exc)[:200], broker=broker_state(settings))
-    broker = broker_state(settings)
+        return HealthRead(status="unavailable", database="unreachable", broker=broker)
     workers = live_workers(session=session, within_s=settings.run_stale_after_s)
     status: Literal["ok", "no worker", "unavailable"] = (
         "unavailable" if broker != "ok" else "ok" if workers else "no worker")

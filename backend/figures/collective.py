@@ -11,6 +11,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
+from detlab.backend.figures.text import plain
 from detlab.core.collective import DTYPES, OPS
 
 GREEN = "#1a7f37"
@@ -47,7 +48,7 @@ def human_bytes(n: int) -> str:
 def config_names(result: dict[str, Any]) -> list[str]:
     """Axis labels, one per config in index order; a repeated name gets its index so categories stay distinct."""
     configs = sorted(result.get("configs") or [], key=lambda c: int(c["index"]))
-    names = [str(c.get("name") or f"config {c['index']}") for c in configs]
+    names = [plain(c.get("name") or f"config {c['index']}") for c in configs]
     return [f"{n} [{c['index']}]" if names.count(n) > 1 else n for n, c in zip(names, configs, strict=True)]
 
 

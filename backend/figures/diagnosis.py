@@ -8,11 +8,12 @@ from typing import Any
 import plotly.graph_objects as go
 
 from detlab.backend.figures.collective import GREEN, RED_DARK, RED_LIGHT, _as_dict, _empty, _order
+from detlab.backend.figures.text import plain
 from detlab.core.diagnosis import INVARIANCE_DTYPES, INVARIANCE_OPS
 
 
 def _row_label(config: dict[str, Any], op: str, dtype: str, several: bool) -> str:
-    return f"{config['label']}: {op} · {dtype}" if several else f"{op} · {dtype}"
+    return f"{plain(config['label'])}: {op} · {dtype}" if several else f"{op} · {dtype}"
 
 
 def _verdict(invariant: bool) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from detlab.backend.figures.text import plain
 from detlab.backend.figures.train import COLOR_DIFF, COLOR_NEUTRAL, _as_dict, _finite, count_dtick, delta_axis
 
 COLOR_DISTANCE = "#6a3d9a"
@@ -62,7 +63,7 @@ def drift_figure(comparison: dict[str, Any]) -> dict[str, Any]:
                              hovertemplate="step %{x}: |Δloss| %{customdata:.3g}<extra></extra>"), row=2, col=1)
     sampled = " (sampled steps)" if drift.get("sampled") else ""
     fig.update_layout(
-        title={"text": f"Drift: {drift.get('verdict')}<br><sup>estimated from {drift.get('k')}-bucket sketches, "
+        title={"text": f"Drift: {plain(drift.get('verdict'))}<br><sup>estimated from {drift.get('k')}-bucket sketches, "
                        f"±{drift.get('relative_error', 0):.0%} per tensor{sampled}</sup>"},
         template="plotly_white", height=460, margin={"l": 10, "r": 10, "t": 80, "b": 40}, uirevision="drift",
         legend={"orientation": "h", "y": -0.15})

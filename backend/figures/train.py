@@ -9,6 +9,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from detlab.backend.figures.text import plain
+
 # Config A / config B colours, shared by every figure so the two runs read the same everywhere.
 COLOR_A = "#1f77b4"
 COLOR_B = "#ff7f0e"
@@ -83,7 +85,7 @@ def _title(comparison: dict[str, Any]) -> str:
         differing = comparison.get("steps_differing") or 0
         return f"Diverged at step {step}: {differing} of {compared} steps differ"
     reason = comparison.get("reason") or "no reason given"
-    return f"Incomparable: {reason}"
+    return f"Incomparable: {plain(reason)}"
 
 
 def _thinned(comparison: dict[str, Any]) -> str:
@@ -257,7 +259,7 @@ def config_label(index: int, name: str, world_size: int | None = None) -> str:
     """'A: default' for config 0, 'B: ...' for config 1, the index itself beyond two configs; with
     ' @W4' when the configs ran at different world sizes (as the page labels them)."""
     letter = "AB"[index] if index in (0, 1) else str(index)
-    return f"{letter}: {name}" + (f" @W{world_size}" if world_size is not None else "")
+    return f"{letter}: {plain(name)}" + (f" @W{world_size}" if world_size is not None else "")
 
 
 def throughput_figure(comparison: dict[str, Any]) -> dict[str, Any]:
@@ -326,7 +328,7 @@ def divergence_figure(comparison: dict[str, Any]) -> dict[str, Any]:
     fig = go.Figure()
     if steps:
         fig.add_trace(go.Heatmap(
-            x=[str(s) for s in steps], y=tensors, z=z, text=text, name="differing ranks",
+            x=[str(s) for s in steps], y=[plain(t) for t in tensors], z=z, text=text, name="differing ranks",
             # Colour by how many ranks differ, on a whole-number scale from none to the most seen.
             colorscale=[[0, "#fcbba1"], [1, COLOR_DIFF]], zmin=0, xgap=1, ygap=1,
             zmax=max([len(r) for r in rank_sets] + [1]) if per_rank else 1, showscale=per_rank,
@@ -335,7 +337,7 @@ def divergence_figure(comparison: dict[str, Any]) -> dict[str, Any]:
             hovertemplate="step %{x} · %{y}<br>%{text}<extra></extra>"))
     title = "Where the runs differ: tensor × step"
     if found.get("note"):
-        title += f"<br><sup>{found['note']}</sup>"
+        title += f"<br><sup>{plain(found['note'])}</sup>"
     fig.update_layout(
         title={"text": title}, template="plotly_white", uirevision="divergence",
         height=max(260, 120 + 18 * len(tensors)), margin={"l": 10, "r": 10, "t": 70, "b": 50},

@@ -35,24 +35,28 @@ def detail(resp: httpx.Response) -> str:
     return str(found)
 
 
-def send(http: httpx.Client, method: str, path: str, *, json: Any = None, retries: int = 0) -> httpx.Response:
-    """One request, tried again up to `retries` times while the server cannot be reached or answers 5xx (it is
-    restarting or overloaded), waiting 0.2 s, then twice as long each time, at most 5 s. Only for idempotent
-    requests: a retry after a lost response repeats it. Returns the last response (a 5xx when every try got
-    one); raises httpx.TransportError when the last try reached nobody."""
-    delay = 0.2
-    for attempt in range(retries + 1):
+def send(http: httpx.Client, method: str, path: str, *, json: Any = None, retries: int = 0,
+         retry_for_s: float | None = None) -> httpx.Response:
+    """One request, tried again while the server cannot be reached or answers 5xx (it is idempotent): up to
+    `retries` times (backoff from 0.2 s doubling to 5 s: about 21 s for 8), or, with `retry_for_s`, until that
+    long has passed since the first try (a worker riding out a database or API outage). The last answer is
+    returned as it is; a transport error on the last try is raised."""
+    delay, started, attempt = 0.2, time.monotonic(), 0
+
+    def last() -> bool:
+        return attempt >= retries if retry_for_s is None else time.monotonic() - started >= retry_for_s
+
+    while True:
         try:
             resp = http.request(method, path, json=json)
         except httpx.TransportError:
-            if attempt == retries:
+            if last():
                 raise
         else:
-            if resp.status_code < 500 or attempt == retries:
+            if resp.status_code < 500 or last():
                 return resp
         time.sleep(delay)
-        delay = min(delay * 2, 5.0)
-    raise AssertionError("unreachable")
+        delay, attempt = min(delay * 2, 5.0), attempt + 1
 
 
 def wait_for_job(http: httpx.Client, job: dict[str, Any], *, timeout_s: float, poll_s: float = 1.0,

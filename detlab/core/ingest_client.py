@@ -55,13 +55,19 @@ class BadSpec(IngestError):
 
 
 class IngestClient:
-    def __init__(self, api_url: str, token: str, *, retries: int = 8, timeout_s: float = 30.0) -> None:
+    """`retries` tries again after a transport error or a 5xx (about 21 s for 8); `retry_for_s`, when given,
+    instead keeps trying until that long has passed since the first try, so that a worker rides out a database or
+    API outage with its records in the spool."""
+
+    def __init__(self, api_url: str, token: str, *, retries: int = 8, timeout_s: float = 30.0,
+                 retry_for_s: float | None = None) -> None:
         self._http = http.connect(api_url, token, timeout_s=timeout_s)
-        self._retries = retries
+        self._retries, self._retry_for_s = retries, retry_for_s
 
     def _post(self, path: str, body: BaseModel) -> dict[str, Any]:
         # Every ingest call is idempotent, so retrying after a lost response is safe.
-        resp = http.send(self._http, "POST", path, json=body.model_dump(mode="json"), retries=self._retries)
+        resp = http.send(self._http, "POST", path, json=body.model_dump(mode="json"), retries=self._retries,
+                         retry_for_s=self._retry_for_s)
         if resp.status_code == 409:
             raise Stale(resp.json().get("detail", resp.text))
         if resp.status_code == 413:

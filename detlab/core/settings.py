@@ -36,6 +36,12 @@ class Settings(BaseSettings):
     # terminates TLS the API sees http: set it true).
     session_cookie_secure: bool | None = None
     session_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    # Wrong logins allowed per account and per client address within the window, then 429 until the oldest
+    # leaves it; password hashes computed at once (argon2id takes 64 MiB each: a login flood must not).
+    login_window_s: float = Field(default=300.0, gt=0)
+    login_failures_per_account: int = Field(default=10, ge=1)
+    login_failures_per_address: int = Field(default=50, ge=1)
+    login_concurrent_hashes: int = Field(default=2, ge=1, le=64)
     token: str | None = None  # DETLAB_TOKEN: the API token the CLI sends (`detlab token create`)
     ingest_token: str | None = None
     api_url: str = "http://127.0.0.1:8000"
@@ -46,6 +52,9 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = 2.0
     run_stale_after_s: float = 30.0
     max_attempts: int = 2
+    # Worker: how long a record batch, a log or a run's finish is tried again through an outage of the API or
+    # its database (the records wait in the run's spool meanwhile), before the run fails.
+    ingest_retry_s: float = Field(default=900.0, ge=0)
     # A run any of whose ranks writes nothing for this long is killed, naming the rank (raise it for long
     # fingerprint intervals).
     hang_timeout_s: float = 600.0

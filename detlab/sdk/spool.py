@@ -8,6 +8,7 @@ An error in a job is raised in the training loop at its next call, and stops the
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -22,8 +23,10 @@ _STOP = object()
 
 class Spool:
     def __init__(self, path: Path, *, depth: int = 4, overwrite: bool = False) -> None:
-        # "x" refuses a file already there: two recordings never mix in one file.
-        self._file = path.open("w" if overwrite else "x", encoding="utf-8")
+        # O_EXCL refuses a file already there: two recordings never mix in one file. 0600: the records are the
+        # user's (tensor names, losses), not everyone's on a shared node.
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+        self._file = os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8")
         self._path = path
         self._jobs: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None

@@ -4,10 +4,20 @@
 
   const $ = (id) => document.getElementById(id);
 
-  // Only a path on this server: `next=//evil.example` or `next=https://…` would send the user elsewhere.
+  // Only a path on this server: `next=//evil.example`, `https://…`, or `/<tab>/evil.example` (the URL parser
+  // drops tabs and newlines and reads a backslash as a slash) would send the user elsewhere. So the browser's
+  // own parser resolves it, and anything that does not land on this origin goes to "/".
   function nextPath() {
     const next = new URLSearchParams(window.location.search).get("next") || "/";
-    return next.startsWith("/") && !next.startsWith("//") && !next.startsWith("/\\") ? next : "/";
+    if (!next.startsWith("/")) return "/";
+    let url;
+    try {
+      url = new URL(next, window.location.origin);
+    } catch (_) {
+      return "/";
+    }
+    if (url.origin !== window.location.origin || url.pathname.startsWith("//")) return "/";
+    return url.pathname + url.search + url.hash;
   }
 
   function showError(text) {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any
 
@@ -13,9 +14,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from detlab.backend.app import create_app
+from detlab.backend.db import get_session
 from detlab.backend.models import ApiToken, BrowserSession, Job, User, utcnow
 from detlab.backend.services import auth
-from detlab.core.settings import Settings
+from detlab.backend.services.login_limit import Busy, LoginLimiter
+from detlab.core.settings import Settings, get_settings
 from tests.backend.conftest import LOCAL_URL
 
 INGEST_TOKEN = "i" * 32
@@ -178,6 +182,75 @@ def test_the_session_cookie_is_secure_over_https_or_as_configured(client: TestCl
     assert ("Secure" in resp.headers["set-cookie"]) == secure
 
 
+@pytest.mark.parametrize("peer, proto, secure", [(("127.0.0.1", 1), "https", True), (("127.0.0.1", 1), "http", False),
+                                                  (("10.9.9.9", 1), "https", False)])
+def test_the_session_cookie_is_secure_when_a_trusted_proxy_received_https(session: Session, settings: Settings,
+                                                                          peer: tuple[str, int], proto: str,
+                                                                          secure: bool) -> None:
+    add_user(session)
+    app = create_app(reconciler=False, settings=settings)
+    app.dependency_overrides[get_session] = lambda: session
+    app.dependency_overrides[get_settings] = lambda: settings
+    with TestClient(app, base_url=LOCAL_URL, client=peer) as proxied_client:
+        resp = proxied_client.post("/api/v1/auth/login", json={"name": "ada", "password": PASSWORD},
+                                   headers={**SAME_ORIGIN, "X-Forwarded-Proto": proto})
+    assert resp.status_code == 200
+    assert ("Secure" in resp.headers["set-cookie"]) == secure
+
+
+def test_wrong_logins_are_limited_per_account(client: TestClient, session: Session, settings: Settings) -> None:
+    add_user(session)
+    for _ in range(settings.login_failures_per_account):
+        assert log_in(client, password="wrong password").status_code == 401
+    refused = log_in(client)  # even the right password waits: the guesser cannot tell
+    assert refused.status_code == 429 and 0 < int(refused.headers["retry-after"]) <= settings.login_window_s
+    assert log_in(client, "bob", password="wrong password").status_code == 401  # another account is heard
+
+
+def test_wrong_logins_are_limited_per_address(client: TestClient, session: Session, settings: Settings) -> None:
+    add_user(session)
+    settings.login_failures_per_address = 3
+    client.app.state.login_limiter = LoginLimiter.from_settings(settings)  # type: ignore[attr-defined]
+    for name in ("x1", "x2", "x3"):  # a different account each time: the address is what is counted
+        assert log_in(client, name, password="wrong password").status_code == 401
+    assert log_in(client).status_code == 429
+
+
+def test_a_right_password_clears_its_accounts_count(client: TestClient, session: Session,
+                                                    settings: Settings) -> None:
+    add_user(session)
+    for _ in range(settings.login_failures_per_account - 1):
+        assert log_in(client, password="wrong password").status_code == 401
+    assert log_in(client).status_code == 200
+    assert log_in(client, password="wrong password").status_code == 401
+    assert log_in(client).status_code == 200
+
+
+def test_a_login_answers_503_while_every_hashing_slot_is_taken(client: TestClient, session: Session) -> None:
+    add_user(session)
+    limiter: LoginLimiter = client.app.state.login_limiter  # type: ignore[attr-defined]
+    limiter.wait_s = 0.05
+    with ExitStack() as held:
+        for _ in range(Settings().login_concurrent_hashes):
+            held.enter_context(limiter.hashing())
+        busy = log_in(client)
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        with pytest.raises(Busy):
+            held.enter_context(limiter.hashing())
+    assert log_in(client).status_code == 200
+
+
+def test_the_limiter_forgets_failures_older_than_its_window() -> None:
+    now = [0.0]
+    limiter = LoginLimiter(per_account=2, per_address=100, window_s=60, hashes=1, clock=lambda: now[0])
+    limiter.failed(account="ada", address="a")
+    now[0] = 30
+    limiter.failed(account="ada", address="a")
+    assert limiter.retry_after(account="ada", address="a") == 30
+    now[0] = 61
+    assert limiter.retry_after(account="ada", address="a") is None
+
+
 def test_a_viewer_session_reads_but_cannot_submit(client: TestClient, session: Session) -> None:
     add_user(session, "vic", "viewer")
     assert log_in(client, "vic").status_code == 200
@@ -239,3 +312,25 @@ def test_the_proxy_header_from_an_untrusted_address_is_refused(proxied: TestClie
 def test_the_proxy_header_sent_twice_is_a_400(proxied: TestClient, headers: list[tuple[str, str]]) -> None:
     resp = proxied.get("/api/v1/jobs", headers=headers)
     assert resp.status_code == 400 and "more than once" in resp.json()["detail"]
+
+
+def test_a_proxy_user_name_over_64_characters_is_refused_never_cut(proxied: TestClient, session: Session) -> None:
+    long = "g" * 65
+    resp = proxied.post("/api/v1/jobs", json=JOB, headers={"X-Forwarded-User": long})
+    assert resp.status_code == 400 and "65 characters" in resp.json()["detail"]
+    assert session.scalar(select(Job)) is None
+    assert proxied.get("/api/v1/jobs", headers={"X-Forwarded-User": "g" * 64}).status_code == 200
+
+
+def test_a_proxy_user_name_is_read_as_utf8(proxied: TestClient, session: Session) -> None:
+    name = "Grâce Hoppér".encode()  # the proxy passes the UTF-8 bytes on; the API reads them as latin-1 first
+    assert proxied.post("/api/v1/jobs", json=JOB, headers={"X-Forwarded-User": name}).status_code == 201
+    assert session.scalar(select(Job.submitter)) == "Grâce Hoppér"
+
+
+def test_the_servers_ingest_token_opens_an_sdk_recording_in_local_mode(client: TestClient) -> None:
+    from tests.backend.test_recordings import opening
+
+    resp = client.post("/api/v1/ingest/recordings", json=opening(),
+                       headers={"Authorization": f"Bearer {INGEST_TOKEN}"})
+    assert resp.status_code == 200, resp.text

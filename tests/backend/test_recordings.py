@@ -160,3 +160,10 @@ def test_a_search_the_database_cannot_hold_is_a_422(client: TestClient) -> None:
 def test_bad_compare_queries_are_clear(client: TestClient, query: str, status: int) -> None:
     recorded(client, "rec-aaaaaaaaaa", ["ab"])
     assert client.get(f"/api/v1/compare?{query}").status_code == status
+
+
+def test_a_recording_has_no_spec_and_no_rerun_but_says_why(client: TestClient) -> None:
+    job_id = client.post("/api/v1/ingest/recordings", json=opening(), headers=AUTH).json()["job_id"]
+    for resp in (client.get(f"/api/v1/jobs/{job_id}/spec"), client.post(f"/api/v1/jobs/{job_id}/rerun")):
+        assert resp.status_code == 409, resp.text
+        assert "recording" in resp.json()["detail"] and "run the script again" in resp.json()["detail"]

@@ -113,3 +113,38 @@ def test_a_single_record_over_the_cap_is_an_error_that_says_so(api_url: str, eng
                                   for i in range(1000)])
     with pytest.raises(TooLarge, match="413"):
         client.records(run_id, attempt, [huge])
+
+
+def test_a_worker_rides_out_an_api_outage_longer_than_a_few_retries(engine: Engine, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's client keeps trying for DETLAB_INGEST_RETRY_S, not for 8 quick retries (about 21 s): an
+    API that comes up 25 s after the first try still gets the call."""
+    import uvicorn
+
+    from detlab.backend.app import create_app
+    from detlab.backend.db import get_session
+    from detlab.core.settings import get_settings
+    from detlab.worker.tasks import ingest_client
+
+    port = free_port()
+    monkeypatch.setenv("DETLAB_API_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("DETLAB_INGEST_TOKEN", TOKEN)
+    monkeypatch.setenv("DETLAB_INGEST_RETRY_S", "120")
+    get_settings.cache_clear()
+    client = ingest_client()
+    get_settings.cache_clear()
+    settings = Settings(data_dir=tmp_path, ingest_token=TOKEN)
+    app = create_app(reconciler=False, settings=settings)
+    app.dependency_overrides[get_session] = lambda: sessionmaker(engine, expire_on_commit=False)()
+    app.dependency_overrides[get_settings] = lambda: settings
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Timer(25.0, server.run)  # the outage: nothing listens for 25 s
+    thread.start()
+    try:
+        started = time.monotonic()
+        ack = client.heartbeat("node:q", "default", None, None)
+        assert ack is not None and time.monotonic() - started >= 25
+    finally:
+        thread.cancel()
+        server.should_exit = True
+        thread.join(10)
