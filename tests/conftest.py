@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import RedisServer
+from tests.services import PostgresServer, RedisServer
 from tests.services import free_port as free_port  # where the tests have always imported it from
 
 # A key a report writes that no result model declares (detlab.core.results) fails the tests, not a user's page.
@@ -188,3 +188,15 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster for this module's tests (one database each), removed at the end."""
+    server = PostgresServer()
+    server.init()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()

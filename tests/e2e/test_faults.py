@@ -49,18 +49,6 @@ class Tally:
 CLEAN = Tally(lost=0, duplicated=0, unexpected=0)
 
 
-@pytest.fixture(scope="module")
-def own_postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL cluster for this module's tests (one database each), removed at the end."""
-    server = PostgresServer()
-    server.init()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.destroy()
-
-
 @contextmanager
 def private_stack(tmp_path: Path, postgres: PostgresServer, redis: RedisServer, **extra: str) -> Iterator[Stack]:
     """A distributed stack on a new database of `postgres` and on `redis`."""
