@@ -462,15 +462,22 @@ class FixResult(JobResult):
                  f"on {self.stack or 'an unknown stack'}"]
         if self.prescription is not None:
             p = self.prescription
-            cost = "—" if p.cost is None else f"{p.cost:+.1%}"
+            cost = "not measured" if p.cost is None else \
+                f"{abs(p.cost):.1%} {'faster' if p.cost < 0 else 'slower'}"
             lines.append(f"  prescription: {', '.join(p.knobs) or 'the base config as it is'} — reproducible "
-                         f"{p.reproducible[0]} of {p.reproducible[1]}, cost {cost}"
+                         f"{p.reproducible[0]} of {p.reproducible[1]}, {cost} than the base"
                          f"{' (within noise)' if p.within_noise else ''}")
         if self.closest is not None:
-            lines.append(f"  closest: {', '.join(self.closest.knobs) or 'base'} — reproducible "
-                         f"{self.closest.reproducible}, first divergent step {self.closest.first_divergent_step}")
-        lines += [f"  {knob}: needed — without it trial {ev.get('trial')} was {ev.get('reproducible')}"
-                  for knob, ev in self.necessary.items()]
+            c, k_n = self.closest, self.closest.reproducible or [0, 0]
+            shown = c.failed or f"{k_n[0]} of {k_n[1]} identical"
+            lines.append(f"  closest: {', '.join(c.knobs) or 'the base'} — {shown}, first divergent step "
+                         f"{c.first_divergent_step}")
+        for knob, ev in self.necessary.items():
+            seen = ev.get("reproducible")
+            why = ev.get("failed") or (f"{seen[0]} of {seen[1]} identical, first divergent step "
+                                       f"{ev.get('first_divergent_step')}" if seen else None)
+            lines.append(f"  {knob}: needed — without it, trial {ev['trial']}: {why}" if ev.get("trial") is not None
+                         else f"  {knob}: kept, not checked ({ev.get('unchecked')})")
         lines += [f"  not tried: {n.knob} ({n.reason})" for n in self.not_tried]
         return lines
 

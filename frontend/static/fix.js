@@ -17,11 +17,14 @@
 
   function describe(job) {
     const fix = job.params.fix || {};
-    return { facts: [`base ${label(job, 0)}`, `workload ${job.workload}`, `world size ${job.world_size}`],
-      extent: [`${job.steps} steps`, `${job.repeats} repeats per trial`, `at most ${fix.max_trials} trials`] };
+    return { facts: [`base ${label(job, 0)}`, `workload ${job.workload}`],
+      extent: [`${job.steps} steps`, `at most ${fix.max_trials} trials`] };
   }
 
   const pct = (x) => (x === null || x === undefined ? "—" : `${x >= 0 ? "+" : ""}${(x * 100).toFixed(1)}%`);
+  // A cost against the base as it reads everywhere: "12.0% slower", "75.3% faster".
+  const costText = (x) => (x === null || x === undefined ? "not measured"
+    : `${Math.abs(x * 100).toFixed(1)}% ${x < 0 ? "faster" : "slower"}`);
   const repro = (r) => (r ? `${r[0]} of ${r[1]}` : "running");
 
   function trialRow(t, keptAt) {
@@ -31,7 +34,7 @@
       el("td", { text: t.knobs.length ? t.knobs.join(", ") : "(base)" }),
       el("td", { className: "num", text: t.failed ? `failed: ${t.failed}` : repro(t.reproducible) }),
       el("td", { className: "num", text: t.first_divergent_step === null ? "—" : String(t.first_divergent_step) }),
-      el("td", { className: "num", text: pct(t.cost) }),
+      el("td", { className: "num", text: t.index === 0 ? "baseline" : costText(t.cost) }),
       el("td", { className: "num", text: t.cost_interval ? `${pct(t.cost_interval[0])} to ${pct(t.cost_interval[1])}` : "—" }));
     if (t.index === keptAt) tr.className = "fix-prescribed";
     tr.dataset.trial = String(t.index);
@@ -82,7 +85,7 @@
 
   function render(job, res) {
     const p = res.prescription;
-    const headline = res.verdict === "found" ? `Reproducible with ${p.knobs.join(", ")} — cost ${pct(p.cost)}${p.within_noise ? " (within noise)" : ""}`
+    const headline = res.verdict === "found" ? `Reproducible with ${p.knobs.join(", ")} — ${costText(p.cost)} than the base${p.within_noise ? " (within noise)" : ""}`
       : res.verdict === "already" ? "The base config is already reproducible"
         : res.verdict === "none" ? `No reproducible config found; closest: ${(res.closest && res.closest.knobs.join(", ")) || "the base"}`
           : "Searching…";

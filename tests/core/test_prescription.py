@@ -8,6 +8,7 @@ from typing import Any
 
 from detlab.core import configs, knobs
 from detlab.core.prescription import Outcome, Trial, next_trials, result
+from detlab.core.results import FixResult
 
 Oracle = Callable[[frozenset[str]], bool]
 
@@ -25,8 +26,10 @@ def search(order: list[str], oracle: Oracle, max_trials: int = 20) -> tuple[list
             outcomes.append(Outcome(identical=1 if ok else 0, comparable=1, first_divergent_step=None if ok else 3,
                                     cost=0.1 * len(trial.knobs), cost_interval=[0.0, 0.2], within_noise=True))
     bodies = [{"name": "+".join(t.knobs) or "base"} for t in trials]
-    return rounds, result(trials=trials, outcomes=outcomes, bodies=bodies, order=order, skipped=[],
-                          max_trials=max_trials, stack="cpu")
+    out = result(trials=trials, outcomes=outcomes, bodies=bodies, order=order, skipped=[], max_trials=max_trials,
+                 stack="cpu")
+    FixResult.model_validate(out)  # every key the search writes is declared (the suite runs strict)
+    return rounds, out
 
 
 def test_a_reproducible_base_is_already_and_runs_nothing_else() -> None:
@@ -113,3 +116,15 @@ def test_knobs_apply_to_the_base_config() -> None:
     assert knobs.apply(base, []).name == "fix.base"
     long = knobs.apply(base, [k.name for k in knobs.CATALOGUE])
     assert configs.NAME_RE.fullmatch(long.name)
+
+
+def test_the_summary_says_the_prescription_and_each_knobs_evidence() -> None:
+    _, out = search(["deterministic-algorithms", "threads-1"], lambda s: "deterministic-algorithms" in s)
+    lines = FixResult.model_validate(out).summary(job_id=7, status="succeeded", verdict="found", url="u")
+    assert lines[:3] == ["job 7 succeeded: fix verdict found on cpu",
+                         "  prescription: deterministic-algorithms — reproducible 1 of 1, 10.0% slower than the base (within noise)",
+                         "  deterministic-algorithms: needed — without it, trial 0: 0 of 1 identical, first divergent "
+                         "step 3"]
+    _, out = search(["a"], lambda s: False, max_trials=1)
+    lines = FixResult.model_validate(out).summary(job_id=7, status="succeeded", verdict="none", url="u")
+    assert lines[1] == "  closest: the base — 0 of 1 identical, first divergent step 3"
