@@ -6,7 +6,7 @@
 
 (function () {
   const { API, $, el, getJSON, sendJSON, setRows, jobConfigLabel: label } = window.detlab;
-  const { register, showNoResult, showVerdict, fetchResult } = window.detlab.job;
+  const { register, showNoResult, showVerdict, fetchResult, plot } = window.detlab.job;
   const TORCH_CALLS = {
     deterministic_algorithms: (v) => `torch.use_deterministic_algorithms(${v ? "True" : "False"})`,
     cudnn_deterministic: (v) => `torch.backends.cudnn.deterministic = ${v ? "True" : "False"}`,
@@ -72,6 +72,25 @@
     $("fix-necessary").replaceChildren(...items);
   }
 
+  // Cost against reproducibility, one point per finished trial (the base at cost 0): the frontier to choose from.
+  function renderChart(res) {
+    const done = res.trials.filter((t) => t.reproducible && t.reproducible[1]);
+    $("fix-chart").hidden = done.length === 0;
+    if (!done.length) return;
+    const name = (t) => (t.knobs.length ? t.knobs.join(" + ") : "base");
+    plot($("fix-chart"), {
+      data: [{ type: "scatter", mode: "markers+text", textposition: "top center", cliponaxis: false,
+        x: done.map((t) => (t.index === 0 ? 0 : (t.cost ?? 0) * 100)),
+        y: done.map((t) => t.reproducible[0] / t.reproducible[1]),
+        text: done.map((t) => `#${t.index} ${name(t)}`),
+        marker: { size: 11, color: done.map((t) => (t.reproducible[0] === t.reproducible[1] ? "#15803d" : "#b91c1c")) },
+        hovertemplate: "%{text}<br>cost %{x:.1f}%<br>identical %{y:.0%}<extra></extra>" }],
+      layout: { height: 320, margin: { t: 30, r: 120, b: 50, l: 60 }, uirevision: "fix",
+        xaxis: { title: { text: "cost against the base (%)" }, zeroline: true },
+        yaxis: { title: { text: "repeats identical to the first" }, range: [-0.1, 1.15], tickformat: ".0%" } },
+    });
+  }
+
   async function load(job) {
     let res;
     try {
@@ -101,6 +120,7 @@
     setRows($("fix-not-tried"), (res.not_tried || []).map((n) => el("tr", {}, el("td", {}, el("code", { text: n.knob })),
       el("td", { text: n.reason }))), "Every knob that applies was tried.", 2);
     renderPrescription(res);
+    renderChart(res);
   }
 
   async function running(job) {
