@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from detlab.backend.models import Run
 from detlab.core.settings import Settings
 
 pytestmark = pytest.mark.both_databases
@@ -42,7 +45,8 @@ def job_of(client: TestClient, job_id: int) -> dict[str, Any]:
     return client.get(f"/api/v1/jobs/{job_id}").json()
 
 
-def test_the_search_adds_a_round_when_one_finishes_and_settles_on_the_prescription(client: TestClient) -> None:
+def test_the_search_adds_a_round_when_one_finishes_and_settles_on_the_prescription(client: TestClient,
+                                                                                   session: Session) -> None:
     capacity = {"device": "cpu", "gpus": 0, "cpu_cores": 2}
     beat = {"worker": "w", "queue": "default", "info": {"capacity": capacity}}
     assert client.post("/api/v1/ingest/heartbeat", json=beat, headers=AUTH).status_code == 200
@@ -58,6 +62,9 @@ def test_the_search_adds_a_round_when_one_finishes_and_settles_on_the_prescripti
     assert job["status"] == "running" and len(job["runs"]) == 4  # finished the round, not the job
     assert [c["name"] for c in job["configs"]] == ["two", "fix.deterministic-algorithms"]
     assert job["params"]["fix"]["stack"] == "cpu, gloo, world size 1"
+    session.expire_all()  # the round's runs were sent by the finish that added them, not left to the reconciler
+    added = session.scalars(select(Run).where(Run.job_id == job["id"], Run.config_index == 1)).all()
+    assert len(added) == 2 and all(r.dispatched_at is not None for r in added)
     assert job["params"]["fix"]["order"] == ["deterministic-algorithms", "threads-1"]
     live = client.get(f"/api/v1/jobs/{job['id']}/fix").json()
     assert live["verdict"] is None and live["trials"][1]["reproducible"] is None
