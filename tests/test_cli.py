@@ -17,7 +17,7 @@ from tests.conftest import free_port
 
 
 @pytest.mark.parametrize("args", [["submit", "--workload", "mlp", "--config", "default"], ["cancel", "1"],
-                                  ["bisect", "1"]])
+                                  ["bisect", "1"], ["fix", "--workload", "scatter"]])
 def test_a_server_that_is_down_is_one_line_and_exit_2(args: list[str]) -> None:
     server = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     out = subprocess.run([sys.executable, "-m", "detlab.cli", *args, "--server", server],

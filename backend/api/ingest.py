@@ -11,8 +11,9 @@ from contextlib import contextmanager
 from fastapi import APIRouter, HTTPException
 
 from detlab.backend.api.deps import IngestAuth, IngestIdentityDep, RunId, SessionDep, SettingsDep
-from detlab.backend.models import Run
+from detlab.backend.models import Run, utcnow
 from detlab.backend.services import ingest, recordings, workers
+from detlab.backend.services.dispatch import send, undispatch
 from detlab.core.wire import (
     Claim,
     CommLogStored,
@@ -79,9 +80,21 @@ def add_comm_log(run_id: RunId, upload: CommLogUpload, session: SessionDep) -> C
 @router.post("/runs/{run_id}/finish", response_model=RunStatus)
 def finish_run(run_id: RunId, body: Finish, session: SessionDep) -> RunStatus:
     run = _run(session, run_id)
+    before = {r.id for r in run.job.runs}
     with as_http_errors():
         ingest.finish(session=session, run=run, attempt=body.attempt, status=body.status, error=body.error)
     session.commit()
+    # A finish that ended a round of a kind that searches (Kind.advance) added the next round's runs: sent now, not
+    # on the reconciler's next pass (which sends them if this does not get through; a second message for a run
+    # is refused at its claim).
+    added = [r for r in run.job.runs if r.id not in before]
+    if added:
+        for new in added:
+            new.dispatched_at = utcnow()
+        session.commit()
+        if unsent := send([(new.id, run.job.queue) for new in added]):
+            undispatch(session=session, run_ids=unsent)
+            session.commit()
     return RunStatus(status=run.status)
 
 

@@ -10,10 +10,11 @@ from pydantic import Field
 from detlab.backend.reports import bisect as bisect_report
 from detlab.backend.reports import collective as collective_report
 from detlab.backend.reports import diagnosis as diagnosis_report
+from detlab.backend.reports import fix as fix_report
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import RequestBody
 from detlab.core import configs
-from detlab.core.results import BisectResult, CollectiveResult, DiagnosisResult, JobResult, TrainResult
+from detlab.core.results import BisectResult, CollectiveResult, DiagnosisResult, FixResult, JobResult, TrainResult
 from detlab.core.wire import INT32, RunKind, Tags
 
 if TYPE_CHECKING:
@@ -24,14 +25,15 @@ if TYPE_CHECKING:
     from detlab.core.workloads import WorkloadInfo
 
 # Which report builds a kind's result (detlab.backend.reports.<name>), and so which GET /jobs/{id}/<path> serves it.
-ReportName = Literal["train", "collective", "bisect", "diagnosis"]
+ReportName = Literal["train", "collective", "bisect", "diagnosis", "fix"]
 REPORTS = {"train": train_report, "collective": collective_report, "bisect": bisect_report,
-           "diagnosis": diagnosis_report}
+           "diagnosis": diagnosis_report, "fix": fix_report}
 # The typed result each report builds (detlab.core.results): a result is checked against it when built.
 RESULT_MODELS: dict[ReportName, type[JobResult]] = {"train": TrainResult, "collective": CollectiveResult,
-                                                    "bisect": BisectResult, "diagnosis": DiagnosisResult}
+                                                    "bisect": BisectResult, "diagnosis": DiagnosisResult,
+                                                    "fix": FixResult}
 RESULT_PATHS: dict[ReportName, str] = {"train": "comparison", "collective": "collective", "bisect": "bisect",
-                                       "diagnosis": "diagnosis"}
+                                       "diagnosis": "diagnosis", "fix": "fix"}
 
 
 class InvalidJob(ValueError):
@@ -102,6 +104,11 @@ class Kind:
     def spec(self, job: Job) -> dict[str, Any]:
         """The kind's own keys of the request that submits this job again (the shared ones are added)."""
         raise InvalidJob(f"a {self.name} job is not submitted through POST /jobs")
+
+    def advance(self, *, session: Session, job: Job) -> bool:
+        """Called by settle when every run of the job has finished: add the next round's runs and return True to
+        keep the job running (a search in rounds: `fix`), or False to let it finish. Most kinds run one round."""
+        return False
 
     def list_verdict(self, job: Job, result: dict[str, Any]) -> str | None:
         """The result in one word for the jobs list; None when nothing was compared."""

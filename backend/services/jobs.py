@@ -23,8 +23,8 @@ from detlab.backend.models import (
     Run,
     utcnow,
 )
-from detlab.backend.services.workers import known_workloads, queue_state
-from detlab.core import configs
+from detlab.backend.services.workers import known_workloads, queue_device, queue_state
+from detlab.core import configs, preflight
 from detlab.core.settings import Settings
 from detlab.core.wire import explain
 from detlab.core.workloads import WorkloadInfo
@@ -80,11 +80,23 @@ def _check_load(*, session: Session, data: JobRequest, plan: Plan, settings: Set
                          f"queue {data.queue!r} can run: {state.limit}")
 
 
+def check_preflight(*, session: Session, plan: Plan, queue: str) -> None:
+    """Fail closed: every config the job will run against the table of known-broken and no-op settings
+    (detlab.core.preflight); the first match refuses the job, naming the setting and its fix."""
+    stored = plan.params.get("collective")
+    ctx = preflight.Context(ops=frozenset(stored["ops"]) if stored else preflight.TRAIN_OPS,
+                            device=queue_device(session=session, queue=queue))
+    for body in plan.bodies:
+        if found := preflight.check(body, ctx):
+            raise InvalidJob(found[0].message())
+
+
 def create_job(*, session: Session, data: JobCreate | JobRequest, settings: Settings, submitter: str | None) -> Job:
     """Validate, store the job and its runs (repeats interleaved A B A B so drift cancels)."""
     request = data.root if isinstance(data, JobCreate) else data
     plan = _validate(request, settings, known_workloads(session=session))
     _check_load(session=session, data=request, plan=plan, settings=settings)
+    check_preflight(session=session, plan=plan, queue=request.queue)
     bodies, data = plan.bodies, request
     stored = [get_or_create_config(session=session, body=b) for b in bodies]
     params: dict[str, Any] = {"fingerprint_interval": data.fingerprint_interval, **plan.params}

@@ -50,6 +50,8 @@ def settle(*, session: Session, job: Job) -> None:
     """Roll the job's status up from its runs; once finished, compute and store its result (and keep its
     measurements in the team history: a collective job's cells, a train job's configs)."""
     roll_up(session=session, job=job)
+    if job.status in FINISHED and job.result is None and KINDS[job.kind].advance(session=session, job=job):
+        roll_up(session=session, job=job)  # the kind added its next round: the job runs on
     if job.status not in FINISHED:
         if job.result is not None:
             job.result = job.verdict = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -91,6 +92,14 @@ def queue_state(*, session: Session, queue: str, within_s: float) -> QueueState:
     name, best = max(reports, key=lambda item: item[1].max_world_size)
     return QueueState(queue=queue, live=len(live), seen=len(seen), max_world_size=best.max_world_size,
                       limit=f"{best.describe()} on {name}")
+
+
+def queue_device(*, session: Session, queue: str) -> Literal["cuda", "cpu"] | None:
+    """Where the queue's runs execute, as its workers last reported: cuda when any of them runs on GPUs, cpu when
+    all that said run on CPUs, None when none said."""
+    devices = {cap.device for w in session.scalars(select(Worker).where(Worker.queue == queue))
+               if (cap := capacity(w)) is not None}
+    return "cuda" if "cuda" in devices else "cpu" if devices else None
 
 
 def known_workloads(*, session: Session) -> dict[str, WorkloadInfo]:

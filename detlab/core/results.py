@@ -409,6 +409,83 @@ class BisectResult(JobResult):
     environment: list[EnvFact] = Field(default_factory=list)
 
 
+class FixTrial(Result):
+    """One trial of a fix search: the base with these knobs (a drop trial: without `dropped`), run with repeats."""
+
+    index: int
+    config: str
+    knobs: list[str]
+    role: Literal["base", "candidate", "drop"]
+    dropped: str | None = None
+    reproducible: list[int] | None  # [k, n]: repeats identical to the first of those comparable; null: running
+    first_divergent_step: int | None = None
+    cost: float | None = None  # against the base (1 - samples/s ÷ the base's)
+    cost_interval: list[float] | None = None  # bootstrap 95 %
+    within_noise: bool | None = None
+    failed: str | None = None  # a run of the trial failed: its error
+
+
+class Prescription(Result):
+    """The cheapest reproducible config the search found (the base itself when `already`)."""
+
+    trial: int
+    config: dict[str, Any]
+    knobs: list[str]
+    reproducible: list[int]
+    cost: float | None = None
+    cost_interval: list[float] | None = None
+    within_noise: bool | None = None
+
+
+class NotTried(Result):
+    knob: str
+    reason: str
+
+
+class FixResult(JobResult):
+    """GET /jobs/{id}/fix: the verdict of a fix search (found | already | none; null while it runs), the prescription,
+    each kept knob's evidence (the trial without it, which was not reproducible), every trial, what was not tried."""
+
+    verdict: Literal["found", "already", "none"] | None
+    stack: str | None = None
+    max_trials: int
+    order: list[str]  # the knobs tried on this stack, in the order they are added
+    prescription: Prescription | None
+    closest: FixTrial | None = None  # `none`: the trial nearest to reproducible
+    necessary: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    unnecessary: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    trials: list[FixTrial]
+    not_tried: list[NotTried] = Field(default_factory=list)
+
+    def summary(self, *, job_id: int, status: str, verdict: str | None, url: str) -> list[str]:
+        lines = [f"job {job_id} {status}: fix verdict {self.verdict or 'pending'} "
+                 f"on {self.stack or 'an unknown stack'}"]
+        if self.prescription is not None:
+            p = self.prescription
+            cost = "not measured" if p.cost is None else \
+                f"{abs(p.cost):.1%} {'faster' if p.cost < 0 else 'slower'}"
+            lines.append(f"  prescription: {', '.join(p.knobs) or 'the base config as it is'} — reproducible "
+                         f"{p.reproducible[0]} of {p.reproducible[1]}, {cost} than the base"
+                         f"{' (within noise)' if p.within_noise else ''}")
+        if self.closest is not None:
+            c, k_n = self.closest, self.closest.reproducible or [0, 0]
+            shown = c.failed or f"{k_n[0]} of {k_n[1]} identical"
+            lines.append(f"  closest: {', '.join(c.knobs) or 'the base'} — {shown}, first divergent step "
+                         f"{c.first_divergent_step}")
+        for knob, ev in self.necessary.items():
+            seen = ev.get("reproducible")
+            why = ev.get("failed") or (f"{seen[0]} of {seen[1]} identical, first divergent step "
+                                       f"{ev.get('first_divergent_step')}" if seen else None)
+            lines.append(f"  {knob}: needed — without it, trial {ev['trial']}: {why}" if ev.get("trial") is not None
+                         else f"  {knob}: kept, not checked ({ev.get('unchecked')})")
+        lines += [f"  not tried: {n.knob} ({n.reason})" for n in self.not_tried]
+        return lines
+
+    def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:
+        return ["no reproducible config found"] if check and self.verdict == "none" else []
+
+
 # The result each report path serves (GET /jobs/{id}/<path>; a job names its own: JobRead.result).
 RESULTS: dict[str, type[JobResult]] = {"comparison": TrainResult, "collective": CollectiveResult,
-                                       "diagnosis": DiagnosisResult, "bisect": BisectResult}
+                                       "diagnosis": DiagnosisResult, "bisect": BisectResult,
+                                       "fix": FixResult}

@@ -298,6 +298,7 @@
     const pairwise = (job.configs || []).length > 1 && cmp.run_a !== undefined;
     renderBanner(job, cmp, pairwise);
     if (pairwise) window.detlab.job.offerBisect(job, cmp); // bisect.js: the first divergent module, one click
+    window.detlab.job.offerFix(job, cmp); // fix.js: the cheapest config that makes it reproducible
     $("comparison").hidden = false;
     $("comparison-title").textContent = pairwise ? "Comparison" : "Reproducibility";
     $("pairwise").hidden = !pairwise;

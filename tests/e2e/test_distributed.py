@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -141,3 +142,37 @@ def test_sweep_job_runs_one_config_per_cell(distributed: Stack) -> None:
     assert len(result["cells"]) == 4
     # gloo ignores NCCL knobs, so every cell computes the same bits
     assert all(all(v for v in row) for e in result["equality"] for row in e["equal"])
+
+
+def test_fix_prescribes_deterministic_algorithms_for_scatter_at_two_threads(distributed: Stack, tmp_path: Path) -> None:
+    """scatter at 2 threads: the base (index_put_ accumulating over threads) parts, deterministic algorithms alone
+    make it reproducible; threads=1 (dearer) is never tried, and the knob's evidence is the base's own runs."""
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"preset": "default", "name": "two-threads", "threads": 2}))
+    out = subprocess.run(
+        [sys.executable, "-m", "detlab.cli", "fix", "--server", distributed.url, "--workload", "scatter",
+         "--config", str(base), "--steps", "6", "--repeats", "2", "--wait", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr + distributed.logs()
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["verdict"] == "found", result
+    assert result["prescription"]["knobs"] == ["deterministic-algorithms"]
+    assert result["prescription"]["reproducible"] == [1, 1]
+    assert result["necessary"]["deterministic-algorithms"]["trial"] == 0
+    assert [t["knobs"] for t in result["trials"]] == [[], ["deterministic-algorithms"]]
+    assert {"knob": "threads-1", "reason": "not needed: a cheaper candidate was reproducible"} in result["not_tried"]
+    assert result["stack"] == "cpu, gloo, world size 1"
+
+
+def test_fix_stops_at_its_budget_with_none_and_lists_what_it_did_not_try(distributed: Stack, tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"preset": "default", "name": "two-threads", "threads": 2}))
+    out = subprocess.run(
+        [sys.executable, "-m", "detlab.cli", "fix", "--server", distributed.url, "--workload", "scatter",
+         "--config", str(base), "--steps", "6", "--max-trials", "1", "--wait"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr + distributed.logs()
+    lines = out.stdout.splitlines()
+    assert lines[0].endswith("fix verdict none on cpu, gloo, world size 1")
+    assert "  not tried: deterministic-algorithms (budget: max_trials reached)" in lines
+    assert "  not tried: threads-1 (budget: max_trials reached)" in lines

@@ -72,7 +72,7 @@ def test_detlab_why_prints_the_checklist_with_marks_and_evidence(api: Stack) -> 
 
 @pytest.mark.browser
 def test_a_diverged_jobs_page_shows_the_checklist_and_its_evidence_opens(embedded: Stack, tmp_path: Path) -> None:
-    tree = {"preset": "default", "name": "tree-seed1", "seed": 1, "env": {"NCCL_ALGO": "Tree"}}
+    tree = {"preset": "default", "name": "tree-seed1", "seed": 1, "env": {"NCCL_ALGO": "Ring"}}
     job = embedded.submit({"workload": "mlp", "steps": 2, "world_size": 2, "configs": [{"preset": "default"}, tree]})
     embedded.wait_job(job["id"])
     cmp = embedded.comparison(job["id"])
@@ -90,12 +90,12 @@ def test_a_diverged_jobs_page_shows_the_checklist_and_its_evidence_opens(embedde
         expect(items.nth(0)).to_contain_text("not applicable (gloo: no NCCL)")
         env = page.locator("#why li[data-key=env]")
         # the config's own NCCL_ALGO is the experiment, not a parity failure (the seed makes the runs part)
-        expect(env).to_contain_text("only the differences their configs ask for: NCCL_ALGO (A: unset, B: Tree)")
+        expect(env).to_contain_text("only the differences their configs ask for: NCCL_ALGO (A: unset, B: Ring)")
         page.screenshot(path=str(screenshot_dir(tmp_path) / "why.png"), full_page=True)
         env.get_by_role("link", name=f"run {cmp['run_b']} (B) env per rank").click()
         page.wait_for_url(f"**/api/v1/runs/{cmp['run_b']}/envs")
         shown = json.loads(page.locator("body").inner_text())
-        assert {e["effective_env"]["NCCL_ALGO"] for e in shown} == {"Tree"} and len(shown) == 2
+        assert {e["effective_env"]["NCCL_ALGO"] for e in shown} == {"Ring"} and len(shown) == 2
         page.goto(f"{embedded.url}/compare?a={cmp['run_a']}&b={cmp['run_b']}")
         expect(page.locator("#why li[data-key=env]")).to_have_attribute("data-status", "pass", timeout=30_000)
         page.locator("#why li[data-key=ops]").get_by_role("link", name="new op-audit job of mlp").click()

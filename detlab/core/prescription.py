@@ -1,0 +1,192 @@
+"""The search of `detlab fix`, as pure functions: which trials to run next from the outcomes so far, and the result
+(the cheapest reproducible config, each of its knobs with the run that shows it is needed).
+
+The search, in rounds:
+  0. the base config alone: reproducible → verdict `already`;
+  1. candidates, cumulative in the catalogue's order (cheapest first): the base + the first knob, + the first two,
+     … one per round, until one is reproducible or the budget (max_trials, the base included) is spent;
+  2. minimality: each knob of the found set is dropped in turn (sequentially: a knob found unnecessary is out before
+     the next is tried); it stays only when the runs without it are not reproducible — that trial is its evidence.
+     A set already run (the base, an earlier candidate) is not run again: its outcome is the evidence.
+A trial is reproducible when every comparable repeat is bit-identical to the first (k of n with k == n, n ≥ 1) and
+none of its runs failed.
+
+Pure: no database, no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Role = Literal["base", "candidate", "drop"]
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A config run with repeats: the base with these knobs; `dropped` names the knob a drop trial leaves out."""
+
+    knobs: tuple[str, ...]
+    role: Role
+    dropped: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"knobs": list(self.knobs), "role": self.role, "dropped": self.dropped}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Trial:
+        return cls(tuple(data["knobs"]), data["role"], data.get("dropped"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a trial's runs showed: repeats identical to the first of those comparable, where they first parted,
+    cost against the base (bootstrap interval), and the error of a run that failed."""
+
+    identical: int
+    comparable: int
+    first_divergent_step: int | None = None
+    cost: float | None = None
+    cost_interval: list[float] | None = None
+    within_noise: bool | None = None
+    failed: str | None = None
+
+    @property
+    def reproducible(self) -> bool:
+        return self.failed is None and self.comparable > 0 and self.identical == self.comparable
+
+    def closeness(self) -> tuple[float, int]:
+        """How near reproducible: the share of identical repeats, then how late they part."""
+        if self.failed is not None or not self.comparable:
+            return (-1.0, -1)
+        step = self.first_divergent_step if self.first_divergent_step is not None else 1 << 30
+        return (self.identical / self.comparable, step)
+
+
+Lookup = Callable[[tuple[str, ...]], tuple[int, Outcome] | None]
+
+
+def _lookup(trials: list[Trial], outcomes: list[Outcome | None]) -> Lookup:
+    """The first finished trial with this set of knobs (in any order), with its index."""
+    def find(knobs: tuple[str, ...]) -> tuple[int, Outcome] | None:
+        for i, (trial, outcome) in enumerate(zip(trials, outcomes, strict=True)):
+            if set(trial.knobs) == set(knobs) and outcome is not None:
+                return i, outcome
+        return None
+
+    return find
+
+
+def _found(trials: list[Trial], outcomes: list[Outcome | None]) -> int | None:
+    return next((i for i, (t, o) in enumerate(zip(trials, outcomes, strict=True))
+                 if t.role == "candidate" and o is not None and o.reproducible), None)
+
+
+@dataclass
+class Minimal:
+    """Where minimality stands: the knobs kept so far, each checked knob's evidence, and the next drop to run."""
+
+    knobs: list[str]
+    necessary: dict[str, dict[str, Any] | None]
+    dropped: dict[str, int]
+    next: Trial | None
+
+
+def minimize(found: tuple[str, ...], find: Lookup) -> Minimal:
+    """Walk the found set's knobs in order, each dropped from what is kept so far."""
+    kept = list(found)
+    state = Minimal(kept, {}, {}, None)
+    for knob in found:
+        without = tuple(k for k in kept if k != knob)
+        known = find(without)
+        if known is None:
+            state.next = Trial(without, "drop", knob)
+            state.necessary.update({k: None for k in found if k not in state.necessary and k not in state.dropped})
+            return state
+        index, outcome = known
+        if outcome.reproducible:
+            kept.remove(knob)
+            state.dropped[knob] = index
+        else:
+            state.necessary[knob] = {"trial": index, "knobs": list(without),
+                                     "reproducible": [outcome.identical, outcome.comparable],
+                                     "first_divergent_step": outcome.first_divergent_step, "failed": outcome.failed}
+    return state
+
+
+def next_trials(trials: list[Trial], outcomes: list[Outcome | None], order: list[str], max_trials: int) -> list[Trial]:
+    """The next round: the trials to run now, or none when the search is over (or a trial is still running)."""
+    if not trials:
+        return [Trial((), "base")]
+    if any(o is None for o in outcomes) or len(trials) >= max_trials:
+        return []
+    base = outcomes[0]
+    if base is not None and base.reproducible:
+        return []
+    found = _found(trials, outcomes)
+    if found is None:
+        tried = sum(t.role == "candidate" for t in trials)
+        return [Trial(tuple(order[:tried + 1]), "candidate")] if tried < len(order) else []
+    step = minimize(trials[found].knobs, _lookup(trials, outcomes)).next
+    return [step] if step else []
+
+
+def _row(index: int, trial: Trial, outcome: Outcome | None, name: str) -> dict[str, Any]:
+    row: dict[str, Any] = {"index": index, "config": name, **trial.to_json(), "reproducible": None,
+                           "first_divergent_step": None, "cost": None, "cost_interval": None, "within_noise": None,
+                           "failed": None}
+    if outcome is not None:
+        row.update(reproducible=[outcome.identical, outcome.comparable],
+                   first_divergent_step=outcome.first_divergent_step, cost=outcome.cost,
+                   cost_interval=outcome.cost_interval, within_noise=outcome.within_noise, failed=outcome.failed)
+    return row
+
+
+def _prescribed(index: int, trial: Trial, outcome: Outcome, body: dict[str, Any]) -> dict[str, Any]:
+    return {"trial": index, "config": body, "knobs": list(trial.knobs),
+            "reproducible": [outcome.identical, outcome.comparable], "cost": outcome.cost,
+            "cost_interval": outcome.cost_interval, "within_noise": outcome.within_noise}
+
+
+def result(*, trials: list[Trial], outcomes: list[Outcome | None], bodies: list[dict[str, Any]], order: list[str],
+           skipped: list[dict[str, str]], max_trials: int, stack: str | None) -> dict[str, Any]:
+    """The fix job's result as it stands: verdict (None while the search runs), the prescription, each kept knob's
+    evidence, every trial, and what was not tried with why."""
+    rows = [_row(i, t, o, str(b.get("name"))) for i, (t, o, b) in enumerate(zip(trials, outcomes, bodies,
+                                                                                    strict=True))]
+    out: dict[str, Any] = {"verdict": None, "stack": stack, "max_trials": max_trials, "order": order,
+                           "prescription": None, "closest": None, "necessary": {}, "unnecessary": {},
+                           "trials": rows, "not_tried": list(skipped)}
+    done = bool(trials) and all(o is not None for o in outcomes) and not next_trials(trials, outcomes, order,
+                                                                                       max_trials)
+    used = {k for t in trials for k in t.knobs}
+    if not done:
+        return out
+    base = outcomes[0]
+    assert base is not None
+    found = _found(trials, outcomes)
+    if base.reproducible:
+        out["verdict"] = "already"
+        out["prescription"] = _prescribed(0, trials[0], base, bodies[0])
+        out["not_tried"] += [{"knob": k, "reason": "not needed: the base config is reproducible"} for k in order]
+        return out
+    if found is None:
+        out["verdict"] = "none"
+        best = max(range(len(trials)), key=lambda i: (outcomes[i].closeness(), -i))  # type: ignore[union-attr]
+        out["closest"] = rows[best]
+        reason = "budget: max_trials reached" if len(trials) >= max_trials else "never reached"
+        out["not_tried"] += [{"knob": k, "reason": reason} for k in order if k not in used]
+        return out
+    find = _lookup(trials, outcomes)
+    state = minimize(trials[found].knobs, find)
+    final = find(tuple(state.knobs))
+    index, outcome = final if final is not None else (found, outcomes[found])
+    assert outcome is not None
+    out["verdict"] = "found"
+    out["prescription"] = _prescribed(index, trials[index], outcome, bodies[index])
+    out["necessary"] = {k: v if v is not None else {"trial": None, "unchecked": "budget: max_trials reached"}
+                        for k, v in state.necessary.items()}
+    out["unnecessary"] = {k: {"trial": i, "knobs": list(trials[i].knobs)} for k, i in state.dropped.items()}
+    out["not_tried"] += [{"knob": k, "reason": "not needed: a cheaper candidate was reproducible"}
+                         for k in order if k not in used]
+    return out
