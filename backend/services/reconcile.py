@@ -1,5 +1,6 @@
 """The reconciler: the database says what should be running; re-dispatch what a broker or a dead
-worker lost, fail what has been retried enough. Never leaves a run stuck."""
+worker lost, fail what has been retried enough, settle a job whose last runs finished together. Never leaves a
+run or a job stuck."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import threading
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from detlab.backend.db import get_sessionmaker
@@ -27,6 +28,11 @@ log = logging.getLogger(__name__)
 def reconcile(*, session: Session, settings: Settings) -> list[tuple[int, str]]:
     """Fix runs in the session; returns (run_id, queue) pairs to dispatch after the commit."""
     now = utcnow()
+    # Two runs of a job finishing at once each see the other unfinished, so neither finish settles the job (nor
+    # advances a kind that searches in rounds): settled here. Runs a round adds are queued, sent just below.
+    unfinished = exists().where(Run.job_id == Job.id, Run.status.in_([QUEUED, RUNNING]))
+    for job in session.scalars(select(Job).where(Job.status.in_([QUEUED, RUNNING]), ~unfinished)):
+        settle(session=session, job=job)
     stale = timedelta(seconds=settings.run_stale_after_s)
     to_dispatch: list[tuple[int, str]] = []
     workers = live_workers(session=session, within_s=settings.run_stale_after_s)

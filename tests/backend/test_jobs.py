@@ -11,6 +11,7 @@ from detlab.backend.kinds.base import InvalidJob
 from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.kinds.sweep import CHANNEL_VARS, expand_sweep
 from detlab.backend.services.jobs import create_job
+from detlab.backend.services.reconcile import reconcile
 from detlab.backend.services.workers import heartbeat
 from detlab.core import configs
 from detlab.core.settings import Settings
@@ -106,3 +107,18 @@ def test_a_workload_a_worker_advertised_can_be_submitted(session: Session) -> No
         {"name": "team-gpt", "description": "ours", "global_batch": 8, "default_steps": 7}]}))
     job = create_job(session=session, data=data, settings=Settings(), submitter=None)
     assert (job.workload, job.steps, job.params["global_batch"]) == ("team-gpt", 7, 8)
+
+
+def test_a_job_whose_last_runs_finished_together_is_settled_by_the_reconciler(session: Session, tmp_path: Path) -> None:
+    """Two finishes at once each see the other run unfinished and leave the job running; the reconciler settles
+    it (and finds nothing to dispatch)."""
+    data = JobCreate.model_validate({"workload": "mlp", "steps": 2, "repeats": 2, "configs": [{}]})
+    settings = Settings(data_dir=tmp_path)
+    job = create_job(session=session, data=data, settings=settings, submitter=None)
+    job.status = "running"
+    for run in job.runs:
+        run.status = "succeeded"  # as two concurrent finishes leave them: no settle saw both
+    session.commit()
+    assert reconcile(session=session, settings=settings) == []
+    session.commit()
+    assert job.status == "succeeded"
