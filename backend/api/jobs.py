@@ -19,7 +19,7 @@ from detlab.backend.figures import drift as drift_figures
 from detlab.backend.figures import train as train_figures
 from detlab.backend.kinds.base import RESULT_PATHS, ReportName
 from detlab.backend.kinds.registry import KINDS, JobCreate
-from detlab.backend.models import BISECT, FINISHED, RECORDING, CommLog, Job, RankEnv, Run, utcnow
+from detlab.backend.models import BISECT, FINISHED, CommLog, Job, RankEnv, Run, utcnow
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import (
     BisectCreate,
@@ -144,13 +144,6 @@ def update_job(job_id: JobId, data: JobUpdate, session: SessionDep, settings: Se
     return _read(session, settings, job)
 
 
-def _not_a_recording(job: Job) -> None:
-    """A recording was sent by the SDK from a user's own loop: the server holds no spec that could run it again."""
-    if job.kind == RECORDING:
-        raise HTTPException(409, f"job {job.id} is a recording of a user's own training loop (detlab.Recorder): "
-                                 "the server cannot run it again; run the script again to record anew")
-
-
 @router.get("/{job_id}/spec", response_model=JobCreate, responses={409: {"description": "a bisect or a recording"}})
 def read_spec(job_id: JobId, session: SessionDep) -> JobCreate:
     """The body that submits this job again (POST /jobs), configs in full: what the page's Rerun fills in."""
@@ -169,13 +162,15 @@ def rerun_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: C
     """Submit the job again, as it was submitted (a new job with new runs; the old one is kept); a bisect job is
     a new bisect of the same pair and step."""
     old = _job_or_404(session, job_id)
-    _not_a_recording(old)
     try:
         if old.kind == BISECT:
             job = bisect.again(session=session, job=old, settings=settings, submitter=user)
         else:
-            job = jobs.create_job(session=session, data=JobCreate.model_validate(jobs.spec_of(old)),
-                                  settings=settings, submitter=user)
+            try:
+                spec = JobCreate.model_validate(jobs.spec_of(old))
+            except jobs.InvalidJob as exc:  # a kind not submitted through POST /jobs (a recording)
+                raise HTTPException(409, str(exc)) from exc
+            job = jobs.create_job(session=session, data=spec, settings=settings, submitter=user)
     except jobs.InvalidJob as exc:  # the server's limits or workers changed since
         raise HTTPException(422, str(exc)) from exc
     return _send(session, settings, job, response)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from detlab.backend.kinds.base import Kind
+from typing import Any
+
+from detlab.backend.kinds.base import InvalidJob, Kind
 from detlab.backend.models import RECORDING, Job
 from detlab.core.wire import RunKind
 
@@ -16,6 +18,11 @@ class Recording(Kind):
 
     def run_kind(self, job: Job) -> RunKind:
         return "train"
+
+    def spec(self, job: Job) -> dict[str, Any]:
+        # The SDK sent it from a user's own loop: the server holds nothing that could run it again.
+        raise InvalidJob(f"job {job.id} is a recording of a user's own training loop (detlab.Recorder): the server "
+                         "cannot run it again; run the script again to record anew")
 
 
 KIND = Recording()
