@@ -83,10 +83,12 @@ def up(port: int = 8000,
     migrate_database()
     from detlab.worker.launch import die_with_parent
 
-    # uvicorn re-raises SIGTERM after its shutdown, so `finally` below may never run: the worker
-    # also learns of our death from the kernel (a warm shutdown; its ranks die with it).
+    # uvicorn re-raises SIGTERM after its shutdown, so `finally` below may never run: the worker also learns of
+    # our death from the kernel, and is killed (its ranks die with it). Not a warm shutdown: a run in progress
+    # would keep it waiting out its ingest retries (minutes) against the API that is gone; the run is re-sent at
+    # the next start, as after a crash.
     worker_proc = subprocess.Popen([sys.executable, "-m", "detlab.cli", "worker"], env=dict(os.environ),
-                                   preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+                                   preexec_fn=lambda: die_with_parent(signal.SIGKILL))
     typer.echo(f"detlab is starting at http://127.0.0.1:{port} (data in {data_dir.resolve()})")
     try:
         api(host="127.0.0.1", port=port)

@@ -9,8 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from tests.conftest import ROOT, free_port
 from tests.e2e.conftest import stack_env, wait_healthy
+from tests.waiting import wait_until
 
 
 def children(pid: int) -> list[int]:
@@ -27,7 +30,9 @@ def alive(pid: int) -> bool:
     return stat.split(") ", 1)[1][0] != "Z"
 
 
-def test_stopping_up_stops_its_worker(tmp_path: Path) -> None:
+def test_stopping_up_stops_its_worker_mid_run(tmp_path: Path) -> None:
+    """Stopped while its worker runs a job, `up` leaves no worker behind: a worker waiting out its run (its ingest
+    retries ride out an API outage for minutes) would otherwise outlive the API it reports to."""
     port = free_port()
     env = stack_env(tmp_path, port)
     up = subprocess.Popen([sys.executable, "-m", "detlab.cli", "up", "--port", str(port), "--data-dir",
@@ -36,6 +41,11 @@ def test_stopping_up_stops_its_worker(tmp_path: Path) -> None:
     try:
         wait_healthy(f"http://127.0.0.1:{port}", [up])
         [worker] = children(up.pid)
+        url = f"http://127.0.0.1:{port}"
+        job = httpx.post(f"{url}/api/v1/jobs", json={"workload": "mlp", "steps": 100_000, "configs": [{}]},
+                         timeout=30).json()
+        wait_until(lambda: httpx.get(f"{url}/api/v1/jobs/{job['id']}", timeout=30).json()["runs"][0]["steps_done"] > 0,
+                   120, "the worker's run recording")
         up.send_signal(signal.SIGTERM)  # the up process only, as a service manager would
         up.wait(timeout=30)
         deadline = time.monotonic() + 20
