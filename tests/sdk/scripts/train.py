@@ -86,6 +86,9 @@ def main() -> None:
         time.sleep(args.step_sleep)
     rec.close()
     if world > 1:
+        # Every rank done before any tears down: rank 0 holds the rendezvous store, and a rank still tearing down
+        # when rank 0 has exited can wait on that store for gloo's whole timeout (seen in CI under load).
+        dist.barrier()
         dist.destroy_process_group()
 
 
