@@ -151,6 +151,17 @@ def hang_error(stalled: list[int], progressing: list[int], folder: Path, limit_s
     return RanksTimedOut(head + output_tails(stalled, folder))
 
 
+PEER_EXIT_GRACE_S = 3.0
+
+
+def wait_for_exits(procs: list[subprocess.Popen[bytes]], grace_s: float) -> list[int | None]:
+    """Each process's exit code once all have exited or `grace_s` has passed (None: still running)."""
+    deadline = time.monotonic() + grace_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p.poll() for p in procs]
+
+
 def output_tails(ranks: list[int], folder: Path) -> str:
     """The end of the first few ranks' output, 4000 bytes shared between them."""
     shown = ranks[:4]
@@ -202,8 +213,10 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
             codes = [p.poll() for p in procs]
             bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if bad:
-                # Every rank that has exited by now: when one dies its peers' collectives fail too, and
-                # which of them the poll sees first is a race, so none is singled out as the cause.
+                # When one rank dies its peers' collectives fail too, and which of them a poll sees first is
+                # a race: the peers get a moment to exit, and every rank that failed by then is named.
+                codes = wait_for_exits(procs, PEER_EXIT_GRACE_S)
+                bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
                 failure = RankFailed("; ".join(f"rank {r} exited with code {codes[r]}" for r in bad)
                                      + output_tails(bad, folder))
                 break

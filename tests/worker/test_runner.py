@@ -80,11 +80,13 @@ with open(Path(spec.spool_dir) / f"rank{rank}.jsonl", "a") as f:
     if behaviour == "crash" and rank == 1:
         print("rank 1 says goodbye", flush=True)
         sys.exit(3)
-    if behaviour == "crash-all":  # rank 1 dies and its peers' collectives fail with it, at once
+    if behaviour == "crash-all":  # both fail, rank 1 half a second after rank 0 (the cause can exit last)
         print(f"rank {rank} fails too", flush=True)
         (Path(spec.spool_dir) / f"failing{rank}").touch()
         while len(list(Path(spec.spool_dir).glob("failing*"))) < spec.world_size:
             time.sleep(0.01)
+        if rank == 1:
+            time.sleep(0.5)
         sys.exit(3 if rank == 1 else 1)
     if behaviour == "hang":
         print(f"rank {rank} waits in allreduce", flush=True)
@@ -144,10 +146,10 @@ def test_launcher_fails_with_the_crashed_ranks_output_and_keeps_what_was_spooled
 
 
 def test_launcher_names_every_rank_that_exited_when_several_failed(fake_rank: Path) -> None:
-    # Which failed rank a poll sees first is a race: naming only one could blame a peer of the cause.
+    # Which failed rank a poll sees first is a race: naming only the first could blame a peer of the cause.
     with pytest.raises(RankFailed) as failed:
         launch_ranks(rank_spec(2), fake_rank, env=env_for("crash-all", fake_rank.parent), on_records=lambda _: None,
-                     poll_s=0.5)
+                     poll_s=0.05)
     message = str(failed.value)
     assert "rank 0 exited with code 1; rank 1 exited with code 3" in message
     assert "rank 0 fails too" in message and "rank 1 fails too" in message
