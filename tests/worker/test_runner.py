@@ -196,6 +196,14 @@ def survivors(pids: list[int], within_s: float = 5.0) -> list[int]:
     return left
 
 
+def cmdline(proc: Path) -> str:
+    """A /proc entry's command line ('' for a process that exited since /proc was listed: any of the machine's)."""
+    try:
+        return Path(proc, "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def spawned(folder: Path, world: int) -> list[int]:
     return [int((folder / f"child{rank}.pid").read_text()) for rank in range(world)
             if (folder / f"child{rank}.pid").exists()]
@@ -209,7 +217,7 @@ def test_a_stop_kills_the_ranks_and_what_they_spawned_at_once(fake_rank: Path) -
         if len(spawned(fake_rank, 2)) < 2:
             return None
         ranks.extend(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and str(fake_rank) in
-                     Path(p, "cmdline").read_bytes().decode(errors="replace"))
+                     cmdline(p))
         return "run 7 is cancelled"
 
     started = time.monotonic()
