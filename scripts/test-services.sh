@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts what the tests talk to, installing it first where missing: PostgreSQL, Redis, Chromium.
-# The tests create (and drop) databases of their own on the machine's PostgreSQL; Redis is only
-# installed: each test session starts redis-server processes of its own on free ports, and the fault
-# tests start a private PostgreSQL cluster too (initdb, pg_ctl), so nothing here is ever flushed or restarted.
+# Each test session starts PostgreSQL clusters (initdb, pg_ctl: the installed binaries) and redis-server
+# processes of its own on free ports; the machine's PostgreSQL is for the benches' tests (and DETLAB_TEST_PG),
+# so nothing here is ever flushed or restarted.
 set -euo pipefail
 
 need_apt=()

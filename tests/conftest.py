@@ -1,7 +1,8 @@
 """Fixtures every layer may use (real PostgreSQL and Redis, one fresh database each) and the test tiers.
 
-The PostgreSQL database is created on the machine's cluster and dropped after the test; Redis is a
-redis-server this session starts on a free port (tests/services.py): the machine's Redis is never touched.
+The PostgreSQL database is created on this session's own cluster (started at first use) and dropped after the
+test; Redis is a redis-server this session starts on a free port (tests/services.py): the machine's Redis is
+never touched.
 Imports neither the server nor torch, so the core tests run without them.
 
 Tiers: every test that needs PostgreSQL, Redis, a browser, a whole deployment (tests/e2e), rank processes or
@@ -30,6 +31,11 @@ from tests.services import free_port as free_port  # where the tests have always
 # A key a report writes that no result model declares (detlab.core.results) fails the tests, not a user's page.
 os.environ.setdefault("DETLAB_STRICT_RESULTS", "1")
 PG_ADMIN = os.environ.get("DETLAB_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+# The tests' databases live on a PostgreSQL cluster of this session's own (fsync off, tests/services.py), started
+# at the first test that needs one: on the machine's cluster each CREATE DATABASE and each commit waits on an fsync
+# of a disk that other sessions share (a backend test's database took 0.45-0.6 s there, 0.2 s here). Setting
+# DETLAB_TEST_PG puts them on that server instead. The benches (tests/test_bench_*.py) use PG_ADMIN itself.
+_session_postgres: list[PostgresServer] = []
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # Each test that asks for Redis gets a database index never used before in this session: empty without a
@@ -115,18 +121,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
 
 
+def pg_admin_url() -> str:
+    """The admin URL of the server the tests' databases are made on (the session's own cluster, started now if
+    it is not yet; or DETLAB_TEST_PG's)."""
+    if "DETLAB_TEST_PG" in os.environ:
+        return PG_ADMIN
+    if not _session_postgres:
+        server = PostgresServer()
+        server.init()
+        try:
+            server.start()
+        except BaseException:
+            server.destroy()
+            raise
+        _session_postgres.append(server)
+    return _session_postgres[0].admin_url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _session_postgres:
+        _session_postgres.pop().destroy()
+
+
 @contextmanager
 def pg_database() -> Iterator[str]:
     """A fresh, empty PostgreSQL database, dropped afterwards."""
     import psycopg
 
+    admin = pg_admin_url()
     name = f"detlab_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+    with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
+        yield admin.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
     finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
