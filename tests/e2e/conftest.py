@@ -23,7 +23,7 @@ from tests.services import RedisServer
 from tests.waiting import wait_until
 
 
-def wait_healthy(url: str, procs: list[subprocess.Popen], timeout: float = 60.0) -> None:
+def wait_healthy(url: str, procs: list[subprocess.Popen], timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         dead = [p.args for p in procs if p.poll() is not None]
