@@ -149,7 +149,7 @@ def test_the_cancel_button_stops_a_running_job_and_the_page_shows_it_cancelled(e
         expect(page.locator("#job-status")).to_have_text("running", timeout=60_000)
         expect(page.locator("#queue-note")).to_be_hidden()  # the embedded worker is alive
         page.click("#cancel-job")
-        expect(page.locator("#job-status")).to_have_text("cancelled", timeout=15_000)
+        expect(page.locator("#job-status")).to_have_text("cancelled", timeout=60_000)
         expect(page.locator("#runs tbody tr").first).to_contain_text("cancelled while running")
         expect(page.locator("#cancel-job")).to_be_hidden()
         assert dialogs == [f"Cancel job #{job['id']}? Its ranks are killed; what they recorded is kept."]

@@ -11,12 +11,21 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import create_engine, text
 
 from tests.conftest import ROOT
 from tests.e2e.conftest import Stack, read_job, wait_for
 
-GONE_WITHIN_S = 10.0
+
+@pytest.fixture
+def distributed(shared_distributed: Stack) -> Stack:
+    """These tests look only at jobs of their own, by id: they share one deployment (tests/e2e/conftest.py)."""
+    return shared_distributed
+
+
+# The docs promise "within seconds": typically 1-2 s here; the bound leaves room for a loaded 2-core machine.
+GONE_WITHIN_S = 20.0
 LONG = {"workload": "mlp", "steps": 100_000, "world_size": 2}  # minutes of training: cancelled long before
 
 

@@ -99,7 +99,10 @@ def test_two_ranks_under_torchrun_make_one_recording(server: Stack, tmp_path: Pa
 
 
 def test_the_server_dying_mid_run_loses_no_record(server: Stack, tmp_path: Path) -> None:
-    proc = train(server, tmp_path, str(tmp_path / "a"), "--steps", "30", "--step-sleep", "0.2")
+    # The run waits before step 10 until the API is down and before step 20 until it is back: however slowly a
+    # loaded machine runs it, it neither ends with the API down nor records nothing then.
+    down, back = tmp_path / "api-down", tmp_path / "api-back"
+    proc = train(server, tmp_path, str(tmp_path / "a"), "--steps", "30", "--hold", f"10:{down}", "--hold", f"20:{back}")
     deadline = time.monotonic() + 120
     while not any(r[3] >= 3 for r in stored(server).values()):
         assert time.monotonic() < deadline and proc.poll() is None, "no record reached the server"
@@ -107,13 +110,15 @@ def test_the_server_dying_mid_run_loses_no_record(server: Stack, tmp_path: Path)
     server.kill("api")
     local = tmp_path / "a" / "rank0.jsonl"
     at_kill = len(local.read_bytes().splitlines())
-    # The loop goes on (its records wait in the directory): a few more steps recorded with the API down.
+    down.touch()
+    # The loop goes on (its records wait in the directory): steps 10 to 19 recorded with the API down.
     wait_until(lambda: len(local.read_bytes().splitlines()) >= at_kill + 5 or proc.poll() is not None, 120,
                "steps recorded with the API down", explain=server.logs)
-    assert proc.poll() is None, "the run ended while the API was down: make it longer"
+    assert proc.poll() is None, "the run ended while the API was down"
     port = server.url.rsplit(":", 1)[1]
     server.start("api", "api", "--host", "127.0.0.1", "--port", port)
     wait_live(server)
+    back.touch()
     finished(proc)
     assert stored(server) == {1: ("recording", "succeeded", 1, 30)}
 

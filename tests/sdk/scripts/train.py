@@ -3,10 +3,10 @@ under `torchrun --nproc-per-node N`. Deterministic on CPU: seeded model and data
 split over the ranks, one thread per rank.
 
 Usage: python train.py OUT [--steps N] [--every N] [--names GLOB ...] [--grads] [--buffers] [--optimizer-state]
-                      [--server URL] [--name NAME] [--step-sleep S] [--no-drift]
+                      [--server URL] [--name NAME] [--hold STEP:FILE ...] [--no-drift]
 
-OUT "-" with --server: no directory of our choosing (the recorder's spool dir). --step-sleep: seconds of
-pretend work per step, so that a test can stop the server mid-run.
+OUT "-" with --server: no directory of our choosing (the recorder's spool dir). --hold STEP:FILE: before step
+STEP, wait until FILE exists, so that a test can stop the server mid-run and know the run is still going.
 
 For the tests only: DETLAB_TEST_FLIP=STEP:RANK:TENSOR moves one element of TENSOR (a parameter, or with
 `.grad` its gradient before the optimizer step, or a buffer) by one ulp on RANK at STEP.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("--optimizer-state", action="store_true")
     parser.add_argument("--server")
     parser.add_argument("--name")
-    parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--hold", action="append", default=[], metavar="STEP:FILE")
     parser.add_argument("--no-drift", dest="drift", action="store_false")
     args = parser.parse_args()
 
@@ -67,7 +68,13 @@ def main() -> None:
                           every=args.every, names=args.names, grads=args.grads, buffers=args.buffers,
                           optimizer=opt if args.optimizer_state else None, drift=args.drift)
     share = GLOBAL_BATCH // world
+    holds = {int(step): Path(file) for step, file in (h.split(":", 1) for h in args.hold)}
     for step in range(args.steps):
+        if step in holds:
+            deadline = time.monotonic() + 300
+            while not holds[step].exists():
+                assert time.monotonic() < deadline, f"{holds[step]} did not appear in 300 s"
+                time.sleep(0.05)
         data = torch.Generator().manual_seed(1000 + step)
         x = torch.randn(GLOBAL_BATCH, 8, generator=data)[rank * share : (rank + 1) * share]
         y = x.sum(dim=1, keepdim=True)
@@ -83,7 +90,6 @@ def main() -> None:
         if here and not flip_name.endswith(".grad"):
             flip(state[flip_name])
         rec.step(step, net, loss=loss)
-        time.sleep(args.step_sleep)
     rec.close()
     if world > 1:
         # Every rank done before any tears down: rank 0 holds the rendezvous store, and a rank still tearing down
