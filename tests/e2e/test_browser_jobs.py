@@ -21,6 +21,20 @@ pytestmark = pytest.mark.browser
 NOBODY = {"queue": "nobody"}  # no worker: the job stays queued, which is all a list test needs
 
 
+@pytest.fixture
+def embedded(shared_embedded: Stack) -> Stack:
+    """These tests look only at jobs of their own (by id, or by tags no other test here uses): they share one
+    `detlab up` (tests/e2e/conftest.py). The list tests, which count every job, take `own_embedded`."""
+    return shared_embedded
+
+
+def cancel(stack: Stack, job_id: int) -> None:
+    """Stop a job the test no longer needs, so that its ranks do not run on in the shared stack's worker (409:
+    it finished already)."""
+    resp = httpx.post(f"{stack.url}/api/v1/jobs/{job_id}/cancel", timeout=30)
+    assert resp.status_code in (200, 409), resp.text
+
+
 def new_page(pw, errors: list[str]) -> tuple:  # type: ignore[no-untyped-def]
     browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
     page = browser.new_page(viewport={"width": 1400, "height": 1400})
@@ -32,7 +46,8 @@ def listed(page: Page) -> list[int]:
     return [int(t.lstrip("#")) for t in page.locator("#jobs-list tbody tr td:first-child a").all_inner_texts()]
 
 
-def test_the_jobs_page_searches_filters_sorts_and_pages(embedded: Stack, tmp_path: Path) -> None:
+def test_the_jobs_page_searches_filters_sorts_and_pages(own_embedded: Stack, tmp_path: Path) -> None:
+    embedded = own_embedded
     mlp = [embedded.submit({"workload": "mlp", "steps": 2, "configs": [{"preset": "default"}], "tags": tags,
                             **NOBODY})["id"] for tags in (["h200", "paper"], ["h200"], [])]
     lm = embedded.submit({"workload": "tiny-lm", "steps": 2, "tags": ["paper"], **NOBODY,
@@ -85,7 +100,8 @@ def test_the_jobs_page_searches_filters_sorts_and_pages(embedded: Stack, tmp_pat
         browser.close()
 
 
-def test_paging_walks_the_whole_list_once(embedded: Stack) -> None:
+def test_paging_walks_the_whole_list_once(own_embedded: Stack) -> None:
+    embedded = own_embedded
     ids = [embedded.submit({"workload": "mlp", "steps": 2, "configs": [{}], **NOBODY})["id"] for _ in range(5)]
     with sync_playwright() as pw:
         errors: list[str] = []
@@ -188,28 +204,29 @@ def test_a_config_world_size_from_the_form_labels_the_job(embedded: Stack) -> No
         expect(page.locator("#job-meta")).to_contain_text("A: default @W2 vs B: default @W4")
         expect(page.locator("#job-meta")).to_contain_text("world sizes 2 vs 4")
         assert errors == []
+        cancel(embedded, int(page.url.rsplit("/", 1)[1]))
         browser.close()
 
 
 def test_tags_are_edited_on_the_job_page(embedded: Stack) -> None:
-    job = embedded.submit({"workload": "mlp", "steps": 2, "configs": [{}], "tags": ["old"], **NOBODY})
+    job = embedded.submit({"workload": "mlp", "steps": 2, "configs": [{}], "tags": ["before-edit"], **NOBODY})
     with sync_playwright() as pw:
         errors: list[str] = []
         browser, page = new_page(pw, errors)
         page.goto(f"{embedded.url}/jobs/{job['id']}")
-        expect(page.locator("#job-tags .tag")).to_have_text(["old"])
+        expect(page.locator("#job-tags .tag")).to_have_text(["before-edit"])
         page.click("#edit-tags")
-        expect(page.locator("#tags-input")).to_have_value("old")
+        expect(page.locator("#tags-input")).to_have_value("before-edit")
         page.fill("#tags-input", "x" * 33)
         page.click("#tags-form button[type=submit]")
         expect(page.locator("#tags-error")).to_contain_text("at most 32 characters")
-        page.fill("#tags-input", "new, h200")
+        page.fill("#tags-input", "edited, a100")
         page.click("#tags-form button[type=submit]")
-        expect(page.locator("#job-tags .tag")).to_have_text(["new", "h200"])
+        expect(page.locator("#job-tags .tag")).to_have_text(["edited", "a100"])
         expect(page.locator("#tags-form")).to_be_hidden()
-        assert httpx.get(f"{embedded.url}/api/v1/jobs?tag=new").json()["total"] == 1
-        page.click("#job-tags >> text=h200")  # a tag leads to the jobs that carry it
-        page.wait_for_url("**/jobs?tag=h200")
+        assert httpx.get(f"{embedded.url}/api/v1/jobs?tag=edited").json()["total"] == 1
+        page.click("#job-tags >> text=a100")  # a tag leads to the jobs that carry it
+        page.wait_for_url("**/jobs?tag=a100")
         expect(page.locator("#page-info")).to_have_text("1–1 of 1 job")
         assert errors == []
         browser.close()
@@ -222,6 +239,7 @@ def test_cli_submit_tags_the_job(embedded: Stack) -> None:
     assert out.returncode == 0, out.stderr
     job = httpx.get(f"{embedded.url}/api/v1/jobs?tag=ci&tag=nightly").json()["items"]
     assert len(job) == 1 and job[0]["tags"] == ["ci", "nightly"]
+    cancel(embedded, job[0]["id"])
 
 
 def test_a_diverged_job_maps_the_differing_tensors_and_ranks(embedded: Stack, tmp_path: Path) -> None:
