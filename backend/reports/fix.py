@@ -41,7 +41,9 @@ def outcomes(*, session: Session, job: Job) -> list[Outcome | None]:
         cost: dict[str, Any] = {"cost": None, "interval": None, "within_noise": None}
         if index and 0 in loaded:
             cost = compare.cost_estimate(loaded[0], loaded[index], batch)
-        out.append(Outcome(rep["identical_to_first"], rep["comparable"], rep["first_divergent_step"], cost["cost"],
+        # k of n: the first recorded repeat is identical to itself; n is every repeat, recorded or not.
+        identical = rep["identical_to_first"] + (1 if rep["recorded"] else 0)
+        out.append(Outcome(identical, rep["repeats"], rep["first_divergent_step"], cost["cost"],
                            cost["interval"], cost["within_noise"]))
     return out
 

@@ -8,8 +8,10 @@ The search, in rounds:
   2. minimality: each knob of the found set is dropped in turn (sequentially: a knob found unnecessary is out before
      the next is tried); it stays only when the runs without it are not reproducible — that trial is its evidence.
      A set already run (the base, an earlier candidate) is not run again: its outcome is the evidence.
-A trial is reproducible when every comparable repeat is bit-identical to the first (k of n with k == n, n ≥ 1) and
-none of its runs failed.
+A trial's `reproducible` is [k, n]: n its repeats (every run of the trial), k those bit-identical to its first repeat,
+the first counting as itself (ARCHITECTURE: "the share of repeats identical to its first repeat"). A trial is
+reproducible when k == n ≥ 2 and none of its runs failed: a repeat that is incomplete or incomparable is not identical,
+so it keeps the trial from reproducible rather than being left out of n.
 
 Pure: no database, no torch."""
 
@@ -40,11 +42,11 @@ class Trial:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a trial's runs showed: repeats identical to the first of those comparable, where they first parted,
-    cost against the base (bootstrap interval), and the error of a run that failed."""
+    """What a trial's runs showed: of its `repeats`, how many are `identical` to the first (the first included),
+    where they first parted, cost against the base (bootstrap interval), and the error of a run that failed."""
 
     identical: int
-    comparable: int
+    repeats: int
     first_divergent_step: int | None = None
     cost: float | None = None
     cost_interval: list[float] | None = None
@@ -53,14 +55,14 @@ class Outcome:
 
     @property
     def reproducible(self) -> bool:
-        return self.failed is None and self.comparable > 0 and self.identical == self.comparable
+        return self.failed is None and self.repeats >= 2 and self.identical == self.repeats
 
     def closeness(self) -> tuple[float, int]:
         """How near reproducible: the share of identical repeats, then how late they part."""
-        if self.failed is not None or not self.comparable:
+        if self.failed is not None or not self.repeats:
             return (-1.0, -1)
         step = self.first_divergent_step if self.first_divergent_step is not None else 1 << 30
-        return (self.identical / self.comparable, step)
+        return (self.identical / self.repeats, step)
 
 
 Lookup = Callable[[tuple[str, ...]], tuple[int, Outcome] | None]
@@ -109,7 +111,7 @@ def minimize(found: tuple[str, ...], find: Lookup) -> Minimal:
             state.dropped[knob] = index
         else:
             state.necessary[knob] = {"trial": index, "knobs": list(without),
-                                     "reproducible": [outcome.identical, outcome.comparable],
+                                     "reproducible": [outcome.identical, outcome.repeats],
                                      "first_divergent_step": outcome.first_divergent_step, "failed": outcome.failed}
     return state
 
@@ -136,7 +138,7 @@ def _row(index: int, trial: Trial, outcome: Outcome | None, name: str) -> dict[s
                            "first_divergent_step": None, "cost": None, "cost_interval": None, "within_noise": None,
                            "failed": None}
     if outcome is not None:
-        row.update(reproducible=[outcome.identical, outcome.comparable],
+        row.update(reproducible=[outcome.identical, outcome.repeats],
                    first_divergent_step=outcome.first_divergent_step, cost=outcome.cost,
                    cost_interval=outcome.cost_interval, within_noise=outcome.within_noise, failed=outcome.failed)
     return row
@@ -144,7 +146,7 @@ def _row(index: int, trial: Trial, outcome: Outcome | None, name: str) -> dict[s
 
 def _prescribed(index: int, trial: Trial, outcome: Outcome, body: dict[str, Any]) -> dict[str, Any]:
     return {"trial": index, "config": body, "knobs": list(trial.knobs),
-            "reproducible": [outcome.identical, outcome.comparable], "cost": outcome.cost,
+            "reproducible": [outcome.identical, outcome.repeats], "cost": outcome.cost,
             "cost_interval": outcome.cost_interval, "within_noise": outcome.within_noise}
 
 

@@ -417,7 +417,8 @@ class FixTrial(Result):
     knobs: list[str]
     role: Literal["base", "candidate", "drop"]
     dropped: str | None = None
-    reproducible: list[int] | None  # [k, n]: repeats identical to the first of those comparable; null: running
+    # [k, n]: n repeats, k of them bit-identical to the first (the first counts as itself); null: running
+    reproducible: list[int] | None
     first_divergent_step: int | None = None
     cost: float | None = None  # against the base (1 - samples/s ÷ the base's)
     cost_interval: list[float] | None = None  # bootstrap 95 %
@@ -431,7 +432,7 @@ class Prescription(Result):
     trial: int
     config: dict[str, Any]
     knobs: list[str]
-    reproducible: list[int]
+    reproducible: list[int]  # [k, n] as FixTrial's: k == n
     cost: float | None = None
     cost_interval: list[float] | None = None
     within_noise: bool | None = None
@@ -440,6 +441,11 @@ class Prescription(Result):
 class NotTried(Result):
     knob: str
     reason: str
+
+
+def _k_of_n(k_n: list[int]) -> str:
+    """How [k, n] reads everywhere (CLI, page): '2 of 3 repeats identical to the first'."""
+    return f"{k_n[0]} of {k_n[1]} repeats identical to the first"
 
 
 class FixResult(JobResult):
@@ -464,18 +470,18 @@ class FixResult(JobResult):
             p = self.prescription
             cost = "not measured" if p.cost is None else \
                 f"{abs(p.cost):.1%} {'faster' if p.cost < 0 else 'slower'}"
-            lines.append(f"  prescription: {', '.join(p.knobs) or 'the base config as it is'} — reproducible "
-                         f"{p.reproducible[0]} of {p.reproducible[1]}, {cost} than the base"
+            lines.append(f"  prescription: {', '.join(p.knobs) or 'the base config as it is'} — "
+                         f"{_k_of_n(p.reproducible)}, {cost} than the base"
                          f"{' (within noise)' if p.within_noise else ''}")
         if self.closest is not None:
             c, k_n = self.closest, self.closest.reproducible or [0, 0]
-            shown = c.failed or f"{k_n[0]} of {k_n[1]} identical"
+            shown = c.failed or _k_of_n(k_n)
             lines.append(f"  closest: {', '.join(c.knobs) or 'the base'} — {shown}, first divergent step "
                          f"{c.first_divergent_step}")
         for knob, ev in self.necessary.items():
             seen = ev.get("reproducible")
-            why = ev.get("failed") or (f"{seen[0]} of {seen[1]} identical, first divergent step "
-                                       f"{ev.get('first_divergent_step')}" if seen else None)
+            why = ev.get("failed") or (f"{_k_of_n(seen)}, first divergent step {ev.get('first_divergent_step')}"
+                                       if seen else None)
             lines.append(f"  {knob}: needed — without it, trial {ev['trial']}: {why}" if ev.get("trial") is not None
                          else f"  {knob}: kept, not checked ({ev.get('unchecked')})")
         lines += [f"  not tried: {n.knob} ({n.reason})" for n in self.not_tried]

@@ -25,7 +25,8 @@
   // A cost against the base as it reads everywhere: "12.0% slower", "75.3% faster".
   const costText = (x) => (x === null || x === undefined ? "not measured"
     : `${Math.abs(x * 100).toFixed(1)}% ${x < 0 ? "faster" : "slower"}`);
-  const repro = (r) => (r ? `${r[0]} of ${r[1]}` : "running");
+  // [k, n]: k of the n repeats bit-identical to the first (the first counts as itself), as the CLI says it.
+  const repro = (r) => (r ? `${r[0]} of ${r[1]} identical to the first` : "running");
 
   function trialRow(t, keptAt) {
     const tr = el("tr", {},
@@ -65,7 +66,7 @@
       ev.trial === null || ev.trial === undefined ? el("span", { text: ` — not checked (${ev.unchecked || "budget"})` })
         : el("span", {}, " — without it, ",
           el("a", { href: `#trial-${ev.trial}`, text: `trial ${ev.trial}` }),
-          ` was ${ev.failed ? `failed (${ev.failed})` : `${repro(ev.reproducible)} identical (first divergent step ${ev.first_divergent_step})`}`)));
+          ` was ${ev.failed ? `failed (${ev.failed})` : `${repro(ev.reproducible)} (first divergent step ${ev.first_divergent_step})`}`)));
     for (const [knob, ev] of Object.entries(res.unnecessary || {})) {
       items.push(el("li", { className: "muted" }, el("code", { text: knob }), ` — not needed: trial ${ev.trial} was reproducible without it`));
     }
