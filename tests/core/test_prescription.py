@@ -128,8 +128,8 @@ def test_the_summary_says_the_prescription_and_each_knobs_evidence() -> None:
     _, out = search(["deterministic-algorithms", "threads-1"], lambda s: "deterministic-algorithms" in s)
     lines = FixResult.model_validate(out).summary(job_id=7, status="succeeded", verdict="found", url="u")
     assert lines[:3] == ["job 7 succeeded: fix verdict found on cpu",
-                         "  prescription: deterministic-algorithms — 2 of 2 repeats identical to the first, 10.0% slower "
-                         "than the base (within noise)",
+                         "  prescription: deterministic-algorithms — 2 of 2 repeats identical to the first, 10.0% "
+                         "slower than the base (within noise)",
                          "  deterministic-algorithms: needed — without it, trial 0: 1 of 2 repeats identical to the "
                          "first, first divergent step 3"]
     _, out = search(["a"], lambda s: False, max_trials=1)
