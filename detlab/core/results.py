@@ -439,8 +439,16 @@ class Prescription(Result):
 
 
 class NotTried(Result):
-    knob: str
+    """A knob not tried (`knob`), or a trial not run (`knobs`: its set; with `knob`, the knob its run would have
+    checked), with why."""
+
+    knob: str | None
     reason: str
+    knobs: list[str] | None = None
+
+    def describe(self) -> str:
+        trial = f"trial {', '.join(self.knobs) or 'the base'}" if self.knobs is not None else None
+        return " — ".join(x for x in (self.knob, trial) if x)
 
 
 def _k_of_n(k_n: list[int]) -> str:
@@ -484,7 +492,7 @@ class FixResult(JobResult):
                                        if seen else None)
             lines.append(f"  {knob}: needed — without it, trial {ev['trial']}: {why}" if ev.get("trial") is not None
                          else f"  {knob}: kept, not checked ({ev.get('unchecked')})")
-        lines += [f"  not tried: {n.knob} ({n.reason})" for n in self.not_tried]
+        lines += [f"  not tried: {n.describe()} ({n.reason})" for n in self.not_tried]
         return lines
 
     def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:

@@ -118,7 +118,9 @@
     const keptAt = p ? p.trial : null;
     setRows($("fix-trials"), res.trials.map((t) => { const row = trialRow(t, keptAt); row.id = `trial-${t.index}`; return row; }),
       "No trial yet.", 7);
-    setRows($("fix-not-tried"), (res.not_tried || []).map((n) => el("tr", {}, el("td", {}, el("code", { text: n.knob })),
+    // A knob not tried (n.knob), or a trial not run (n.knobs: its set), as the CLI's NotTried.describe says it.
+    const notTried = (n) => [n.knob, n.knobs ? `trial ${n.knobs.join(", ") || "the base"}` : null].filter(Boolean).join(" — ");
+    setRows($("fix-not-tried"), (res.not_tried || []).map((n) => el("tr", {}, el("td", {}, el("code", { text: notTried(n) })),
       el("td", { text: n.reason }))), "Every knob that applies was tried.", 2);
     renderPrescription(res);
     renderChart(res);

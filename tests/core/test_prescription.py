@@ -135,3 +135,29 @@ def test_the_summary_says_the_prescription_and_each_knobs_evidence() -> None:
     _, out = search(["a"], lambda s: False, max_trials=1)
     lines = FixResult.model_validate(out).summary(job_id=7, status="succeeded", verdict="none", url="u")
     assert lines[1] == "  closest: the base — 1 of 2 repeats identical to the first, first divergent step 3"
+
+
+def test_a_one_knob_fix_found_last_costs_one_trial_after_the_candidates() -> None:
+    """scatter on the H200: three knobs that do nothing, then deterministic algorithms. The last knob is needed (the
+    candidate before it was not reproducible); it alone is tried next, reproducible: no drop trial per knob."""
+    order = ["cudnn-benchmark-off", "cudnn-deterministic", "cublas-workspace", "deterministic-algorithms"]
+    rounds, out = search(order, lambda s: "deterministic-algorithms" in s)
+    assert [t.knobs for r in rounds for t in r] == [(), *(tuple(order[:i]) for i in range(1, 5)),
+                                                   ("deterministic-algorithms",)]
+    assert out["prescription"]["knobs"] == ["deterministic-algorithms"]
+    assert out["necessary"]["deterministic-algorithms"]["trial"] == 0
+    assert out["unnecessary"] == {k: {"trial": 5, "knobs": ["deterministic-algorithms"]} for k in order[:3]}
+    skipped = [n for n in out["not_tried"] if n.get("knobs") is not None]
+    assert [(n["knob"], n["knobs"]) for n in skipped] == [(k, [o for o in order if o != k]) for k in order[:3]]
+    assert all("cannot be the cheapest answer" in n["reason"] for n in skipped)
+
+
+def test_the_budget_cuts_minimality_short_and_says_what_it_did_not_run() -> None:
+    order = ["a", "b", "c"]
+    rounds, out = search(order, lambda s: "c" in s, max_trials=4)  # base, a, ab, abc: no trial left for {c}
+    assert out["verdict"] == "found" and out["prescription"]["knobs"] == ["a", "b", "c"]
+    assert out["necessary"]["c"]["trial"] == 2
+    assert out["necessary"]["a"] == {"trial": None, "unchecked": "budget: max_trials reached"}
+    assert {"knob": None, "knobs": ["c"], "reason": "budget: max_trials reached (the next trial of minimality)"} \
+        in out["not_tried"]
+    assert {"knob": "b", "reason": "budget: max_trials reached before it was checked: kept"} in out["not_tried"]
