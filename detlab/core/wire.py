@@ -559,6 +559,10 @@ class WorkerCapacity(Wire):
     gpus: int = Field(ge=0, le=MAX_WORLD_SIZE)
     cpu_cores: int = Field(ge=1, le=1 << 16)
     ranks_per_core: int = Field(default=1, ge=1, le=64)  # gloo ranks it starts per core (DETLAB_CPU_RANKS_PER_CORE)
+    # The torch and CUDA runtime its GPU ranks run (torch.__version__, torch.version.cuda): preflight rules that
+    # depend on them (detlab.core.preflight). None: a CPU worker, or one that does not say.
+    torch: Str64 | None = None
+    cuda: Str32 | None = None
 
     @property
     def max_world_size(self) -> int:
