@@ -159,6 +159,23 @@ class ReplicaDisagreement(Result):
     ranks: dict[int, str]
 
 
+class PreflightNote(Result):
+    """A preflight finding recorded in run A's or B's processes (detlab.core.preflight), with the ranks it was found
+    on."""
+
+    run: Literal["a", "b"]
+    ranks: list[int]
+    rule: str
+    matched: str
+    reason: str
+    fix: str
+    source: str
+
+    def text(self) -> str:
+        ranks = ", ".join(map(str, self.ranks))
+        return f"preflight, run {self.run.upper()} (rank {ranks}): {self.matched} — {self.reason}. Fix: {self.fix}"
+
+
 class RunComparison(Result):
     """Two runs compared (detlab.core.compare.compare_runs): the verdict, where they part, what is missing, how far
     they drift apart and what their collective calls say."""
@@ -180,6 +197,8 @@ class RunComparison(Result):
     replica_disagreements: list[ReplicaDisagreement] = Field(default_factory=list)
     drift: DriftEstimate | None = None  # absent from results stored before drift was estimated
     collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
+    # Known-broken or no-op settings the runs' processes ran with (recorded by the SDK and the built-in ranks)
+    preflight: list[PreflightNote] = Field(default_factory=list)
 
     def stored(self) -> dict[str, Any]:
         """As a report stores it (JSON: tuples as lists, NaN as null): the keys the comparison set, nothing added."""
