@@ -65,7 +65,7 @@ class Fix(Kind):
     description = "find the cheapest config that makes a workload reproducible, each knob with its evidence"
     request = FixCreate
     report_name = "fix"
-    records_findings = False
+    records_findings = True  # its prescription per stack (reports.prescriptions), not matrix cells
 
     def plan(self, data: FixCreate, *, bodies: list[configs.ConfigBody], settings: Settings,
              workloads: dict[str, WorkloadInfo]) -> Plan:
