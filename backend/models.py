@@ -187,6 +187,8 @@ class RankEnv(Base):
     effective_env: Mapped[dict[str, Any]] = mapped_column(default=dict)
     torch_flags: Mapped[dict[str, Any]] = mapped_column(default=dict)
     position: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))  # {"dp": 0, "tp": 1}
+    # The preflight table's findings on the rank's process (wire.PreflightFinding rows); None: not checked.
+    preflight: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class TensorMeta(Base):

@@ -226,6 +226,7 @@ class RankEnvRead(BaseModel):
     backend: str | None
     effective_env: dict[str, Any]
     torch_flags: dict[str, Any]
+    preflight: list[dict[str, Any]] | None = None  # the preflight table's findings on its process; null: not checked
 
 
 class WhyLink(BaseModel):

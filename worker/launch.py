@@ -61,14 +61,15 @@ def node_capacity(device: Literal["auto", "cpu", "cuda"], ranks_per_core: int) -
     """How many ranks of one run this node can launch, as the heartbeat reports it: one per GPU when its
     ranks run on GPUs (nccl), `ranks_per_core` per CPU core it may use otherwise (gloo)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    gpus = 0
+    gpus, versions = 0, {}
     if device != "cpu":
         import torch  # the worker holds torch; counting creates no CUDA context (ranks pick GPUs the same way)
 
         gpus = torch.cuda.device_count()
+        versions = {"torch": torch.__version__, "cuda": torch.version.cuda}
     on_gpu = device == "cuda" or (device == "auto" and gpus > 0)
     return WorkerCapacity(device="cuda" if on_gpu else "cpu", gpus=min(gpus, MAX_WORLD_SIZE), cpu_cores=cores,
-                          ranks_per_core=ranks_per_core)
+                          ranks_per_core=ranks_per_core, **(versions if on_gpu else {}))
 
 
 def kill_groups(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -1,17 +1,17 @@
 """The team's history: the config × stack matrix with its filters (collective cells by op and dtype, train
-configs by workload), and one cell's measurements linked to their jobs."""
+configs by workload) and the fix jobs' prescriptions per stack, and one cell's measurements linked to their jobs."""
 
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from pydantic import BaseModel
 
 from detlab.backend import static
 from detlab.backend.api.deps import SessionDep
-from detlab.backend.reports import matrix
+from detlab.backend.reports import matrix, prescriptions
 from detlab.backend.services import cache
 
 router = APIRouter(prefix="/api/v1/findings", tags=["findings"])
@@ -65,6 +65,23 @@ class ScopeOption(BaseModel):
     dtype: str
 
 
+class StackPrescription(BaseModel):
+    """Per (stack, workload, world size), the latest settled fix job's answer (backend.reports.prescriptions):
+    its verdict, the knobs it prescribes ([] for `already` and `none`), [k, n] repeats identical to the first (the
+    first counting; `none`: the closest trial's), the cost against the base with its bootstrap 95 % interval."""
+
+    stack: str
+    workload: str
+    world_size: int
+    verdict: Literal["found", "already", "none"]
+    knobs: list[str]
+    reproducible: list[int] | None
+    cost: float | None
+    cost_interval: list[float] | None
+    within_noise: bool | None
+    job: int
+
+
 class MatrixRead(BaseModel):
     scope: Scope
     options: list[ScopeOption]
@@ -72,6 +89,9 @@ class MatrixRead(BaseModel):
     stacks: list[str]
     cells: list[MatrixCell]
     buckets: list[Bucket]
+    # What the team's fix jobs prescribe per stack: of the workload the request names (any when it names none, not
+    # the matrix's defaulted one) and in its since/until window.
+    prescriptions: list[StackPrescription] = []
 
 
 class Measurement(Cost):
@@ -128,15 +148,18 @@ def read_matrix(session: SessionDep, request: Request, kind: Text = None, worklo
     Built once per scope until the history changes (many readers of a team's page ask for the same few
     scopes between two finished jobs), then served as stored bytes, revalidated by ETag."""
     at = matrix.version(session=session)
-    scope = matrix.default_scope(session=session, scope=_scope(kind, workload, op, dtype, since, until), at=at)
+    asked = _scope(kind, workload, op, dtype, since, until)
+    scope = matrix.default_scope(session=session, scope=asked, at=at)
 
     def build() -> bytes:
         body = {**matrix.matrix(session=session, scope=scope), "options": matrix.options(session=session, at=at),
+                "prescriptions": prescriptions.prescriptions(session=session, workload=asked.workload,
+                                                             since=asked.since, until=asked.until),
                 "scope": {"kind": scope.kind, "workload": scope.workload, "op": scope.op, "dtype": scope.dtype,
                           "since": since and since.isoformat(), "until": until and until.isoformat()}}
         return MatrixRead.model_validate(body).model_dump_json().encode()
 
-    item = cache.get_or_build(("findings matrix", at, scope), build)
+    item = cache.get_or_build(("findings matrix", at, scope, asked.workload), build)
     return static.respond(request, item, cache_control=static.REVALIDATE)
 
 

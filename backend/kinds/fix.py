@@ -1,6 +1,7 @@
 """The `fix` kind: from a base config, a workload and a world size, find the cheapest reproducible config — a search
-in rounds over the knob catalogue (detlab.core.knobs, detlab.core.prescription), one trial (a config with repeats)
-per round, added by `advance` when the previous round's runs have finished."""
+in rounds over the knob catalogue (detlab.core.knobs, detlab.core.prescription), one trial (a config with repeats,
+each run beside a run of the base: A B A B) per round, added by `advance` when the previous round's runs have
+finished."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class Fix(Kind):
     description = "find the cheapest config that makes a workload reproducible, each knob with its evidence"
     request = FixCreate
     report_name = "fix"
-    records_findings = False
+    records_findings = True  # its prescription per stack (reports.prescriptions), not matrix cells
 
     def plan(self, data: FixCreate, *, bodies: list[configs.ConfigBody], settings: Settings,
              workloads: dict[str, WorkloadInfo]) -> Plan:
@@ -73,10 +74,12 @@ class Fix(Kind):
         plan = plan_train(workload=data.workload, steps=data.steps, inject_bitflip=None, record_collectives=False,
                           world_size=data.world_size, bodies=bodies, settings=settings, workloads=workloads)
         world = bodies[0].world_size or data.world_size
-        worst = data.repeats * world * plan.steps * data.max_trials
+        # Every trial after the base runs beside as many base runs (interleaved): 2·max_trials − 1 configs' repeats.
+        worst = data.repeats * world * plan.steps * (2 * data.max_trials - 1)
         if worst > settings.max_rank_steps:
-            raise InvalidJob(f"the search may run {data.max_trials} trial(s) × {data.repeats} repeat(s) × world size "
-                             f"{world} × {plan.steps} steps = {worst:,} rank-steps; this server takes at most "
+            raise InvalidJob(f"the search may run {data.max_trials} trial(s), each after the base with as many base "
+                             f"runs, × {data.repeats} repeat(s) × world size {world} × {plan.steps} steps = "
+                             f"{worst:,} rank-steps; this server takes at most "
                              f"{settings.max_rank_steps:,} (max_rank_steps): ask for fewer trials, repeats or steps")
         plan.params["fix"] = {"base": bodies[0].model_dump(), "max_trials": data.max_trials,
                               "trials": [prescription.Trial((), "base").to_json()], "order": None, "skipped": None,
@@ -107,13 +110,19 @@ class Fix(Kind):
         job.params = {**job.params, "fix": fix}
         if not nxt:
             return False
+        world = base.world_size or job.world_size
         for trial in nxt:
             config = _config(session, knobs.apply(base, trial.knobs))
             index = len(job.config_ids)
             job.config_ids = [*job.config_ids, config.id]
             for repeat in range(job.repeats):
+                # A B A B: a base run before each of the trial's, sent in this order, so that the trial's cost is
+                # measured against base runs of its own round and a drift of the machine between rounds cancels.
+                # The base's runs of round `index` carry repeats index·R … index·R + R − 1 (fix_report.base_round).
+                job.runs.append(Run(job_id=job.id, config_id=job.config_ids[0], config_index=0,
+                                    repeat=index * job.repeats + repeat, world_size=world, steps_total=job.steps))
                 job.runs.append(Run(job_id=job.id, config_id=config.id, config_index=index, repeat=repeat,
-                                    world_size=base.world_size or job.world_size, steps_total=job.steps))
+                                    world_size=world, steps_total=job.steps))
         session.flush()
         return True
 

@@ -275,7 +275,11 @@ def record_job(*, session: Session, job: Job, result: dict[str, Any]) -> None:
     data = JobRead.model_validate(job).model_dump()
     facts = job_facts(session=session, job=job)
     measured_at = job.finished_at or job.created_at
-    if _is_diagnosis(result):
+    if KINDS[job.kind].report_name == "fix":
+        # A search's trials are not matrix cells: its prescription is read from the job (reports.prescriptions).
+        # Counting the history up is what makes the findings' readers see it.
+        store(session=session, rows=[], cells=[], sources={source})
+    elif _is_diagnosis(result):
         store(session=session, rows=[], cells=diagnosis_cells(source, data, result, facts, job_id=job.id,
                                                               measured_at=measured_at), sources={source})
     elif "cells" in result:

@@ -1,5 +1,6 @@
 """The result of a `fix` job: each trial's runs (one config index per trial) loaded and compared as a train job's
-repeats are, its cost against the base's runs, and the search's result from them (detlab.core.prescription)."""
+repeats are, its cost against the base's runs of its own round (interleaved), and the search's result from them
+(detlab.core.prescription)."""
 
 from __future__ import annotations
 
@@ -17,31 +18,49 @@ def trials(job: Job) -> list[Trial]:
     return [Trial.from_json(t) for t in job.params["fix"]["trials"]]
 
 
+def base_round(job: Job, run: Run) -> int:
+    """The round of a base run: round 0's are the base trial's repeats; round t's (t ≥ 1) run interleaved with trial
+    t's and carry repeats t·R … t·R + R − 1 (R = the job's repeats)."""
+    return run.repeat // max(1, job.repeats)
+
+
 def outcomes(*, session: Session, job: Job) -> list[Outcome | None]:
-    """Each trial's outcome; None while any of its runs has not finished."""
-    by_index: dict[int, list[Run]] = {}
+    """Each trial's outcome; None while any of its runs, or of the base runs of its round, has not finished. A
+    trial's cost is against the base runs of its own round (a job from before the base was interleaved has none:
+    then against round 0's)."""
+    rounds: dict[tuple[int, int], list[Run]] = {}
     for run in sorted(job.runs, key=lambda r: (r.config_index, r.repeat)):
-        by_index.setdefault(run.config_index, []).append(run)
+        key = (0, base_round(job, run)) if run.config_index == 0 else (run.config_index, 0)
+        rounds.setdefault(key, []).append(run)
     interval = int(job.params.get("fingerprint_interval", 1))
     batch = int(job.params.get("global_batch", 1))
-    loaded: dict[int, list[Any]] = {}
+    loaded: dict[tuple[int, int], list[Any]] = {}
+
+    def load(key: tuple[int, int]) -> list[Any]:
+        if key not in loaded:
+            loaded[key] = [load_run(session=session, run=r, workload=job.workload, interval=interval)
+                           for r in rounds.get(key, []) if r.status == SUCCEEDED]
+        return loaded[key]
+
     out: list[Outcome | None] = []
     for index in range(len(job.params["fix"]["trials"])):
-        runs = by_index.get(index, [])
-        if not runs or any(r.status not in FINISHED for r in runs):
+        runs = rounds.get((index, 0), [])
+        beside = rounds.get((0, index), []) if index else []
+        if not runs or any(r.status not in FINISHED for r in runs + beside):
             out.append(None)
             continue
         if failed := [r for r in runs if r.status != SUCCEEDED]:
             first = failed[0]
-            out.append(Outcome(0, 0, failed=f"run {first.id} {first.status}"
-                                             f"{': ' + first.error if first.status == FAILED and first.error else ''}"))
+            why = f": {first.error}" if first.status == FAILED and first.error else ""
+            out.append(Outcome(0, len(runs), failed=f"run {first.id} {first.status}{why}"))
             continue
-        loaded[index] = [load_run(session=session, run=r, workload=job.workload, interval=interval) for r in runs]
-        rep = compare.reproducibility(loaded[index])
+        rep = compare.reproducibility(load((index, 0)))
         cost: dict[str, Any] = {"cost": None, "interval": None, "within_noise": None}
-        if index and 0 in loaded:
-            cost = compare.cost_estimate(loaded[0], loaded[index], batch)
-        out.append(Outcome(rep["identical_to_first"], rep["comparable"], rep["first_divergent_step"], cost["cost"],
+        if index:
+            cost = compare.cost_estimate(load((0, index)) if beside else load((0, 0)), load((index, 0)), batch)
+        # k of n: the first recorded repeat is identical to itself; n is every repeat, recorded or not.
+        identical = rep["identical_to_first"] + (1 if rep["recorded"] else 0)
+        out.append(Outcome(identical, rep["repeats"], rep["first_divergent_step"], cost["cost"],
                            cost["interval"], cost["within_noise"]))
     return out
 

@@ -43,6 +43,8 @@ def load_run(*, session: Session, run: Run, workload: str, interval: int = 1,
     data.fp_versions = {row[5] for row in rows} or data.fp_versions
     data.positions = {rank: dict(position) for rank, position in session.execute(
         select(RankEnv.rank, RankEnv.position).where(RankEnv.run_id == run.id, RankEnv.position.is_not(None)))}
+    data.preflight = {rank: list(found) for rank, found in session.execute(
+        select(RankEnv.rank, RankEnv.preflight).where(RankEnv.run_id == run.id, RankEnv.preflight.is_not(None)))}
     return data
 
 

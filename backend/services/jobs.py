@@ -23,7 +23,7 @@ from detlab.backend.models import (
     Run,
     utcnow,
 )
-from detlab.backend.services.workers import known_workloads, queue_device, queue_state
+from detlab.backend.services.workers import known_workloads, queue_context, queue_state
 from detlab.core import configs, preflight
 from detlab.core.settings import Settings
 from detlab.core.wire import explain
@@ -84,8 +84,8 @@ def check_preflight(*, session: Session, plan: Plan, queue: str) -> None:
     """Fail closed: every config the job will run against the table of known-broken and no-op settings
     (detlab.core.preflight); the first match refuses the job, naming the setting and its fix."""
     stored = plan.params.get("collective")
-    ctx = preflight.Context(ops=frozenset(stored["ops"]) if stored else preflight.TRAIN_OPS,
-                            device=queue_device(session=session, queue=queue))
+    ctx = queue_context(session=session, queue=queue,
+                        ops=frozenset(stored["ops"]) if stored else preflight.TRAIN_OPS)
     for body in plan.bodies:
         if found := preflight.check(body, ctx):
             raise InvalidJob(found[0].message())

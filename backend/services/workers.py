@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import FINISHED, RUNNING, Run, Worker, utcnow
+from detlab.core import preflight
 from detlab.core.wire import Heartbeat, HeartbeatAck, WorkerCapacity, WorkerInfo
 from detlab.core.workloads import BUILTIN, WorkloadInfo
 
@@ -100,6 +101,17 @@ def queue_device(*, session: Session, queue: str) -> Literal["cuda", "cpu"] | No
     devices = {cap.device for w in session.scalars(select(Worker).where(Worker.queue == queue))
                if (cap := capacity(w)) is not None}
     return "cuda" if "cuda" in devices else "cpu" if devices else None
+
+
+def queue_context(*, session: Session, queue: str, ops: frozenset[str]) -> preflight.Context:
+    """What preflight may know of a queue: its device (queue_device) and, of its GPU workers, the oldest torch that
+    reports its version, with its CUDA runtime (a run may land on any of them; the oldest is the one a
+    version-bound rule concerns). Versions not reported stay None: the rules that need them do not fire."""
+    caps = [cap for w in session.scalars(select(Worker).where(Worker.queue == queue))
+            if (cap := capacity(w)) is not None and cap.device == "cuda" and cap.torch]
+    oldest = min(caps, key=lambda c: preflight.version(c.torch) or (1 << 30, 0), default=None)
+    return preflight.Context(ops=ops, device=queue_device(session=session, queue=queue),
+                             torch=oldest.torch if oldest else None, cuda=oldest.cuda if oldest else None)
 
 
 def known_workloads(*, session: Session) -> dict[str, WorkloadInfo]:

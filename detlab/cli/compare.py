@@ -12,10 +12,11 @@ import typer
 from detlab.cli.common import DEFAULT_SERVER, Server, token
 from detlab.cli.root import app
 from detlab.core import http
+from detlab.core.results import PreflightNote
 
 # What `compare --json` prints of a verdict (per-step rows and loss curves stay out: they grow with the run).
 _COMPARE_KEYS = ("verdict", "reason", "mode", "first_divergent_step", "first_divergent_tensors", "ranks",
-                 "steps_differing", "steps_compared", "missing", "replica_disagreements", "collectives")
+                 "steps_differing", "steps_compared", "missing", "replica_disagreements", "collectives", "preflight")
 # ... and of its drift: the summary, not the per-step points.
 _DRIFT_KEYS = ("available", "reason", "verdict", "max", "max_step", "dtype", "rounding_level", "sampled", "k",
                "relative_error")
@@ -31,12 +32,18 @@ def _replica_text(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _preflight_text(result: dict[str, Any]) -> list[str]:
+    """What the preflight table found in either run's processes, one line each (the same from directories and
+    from a server: both come from detlab.core.compare)."""
+    return [f"  {PreflightNote.model_validate(row).text()}" for row in result.get("preflight") or []]
+
+
 def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list[str]:
     verdict = result["verdict"]
     if verdict == "incomparable":
         calls = result.get("collectives") or {}
         return [f"incomparable: {result['reason']}", *([f"  {calls['text']}"] if calls.get("text") else []),
-                *_replica_text(result.get("replica_disagreements") or [])]
+                *_replica_text(result.get("replica_disagreements") or []), *_preflight_text(result)]
     if verdict == "identical":
         lines = [f"identical: {result['steps_compared']} steps x {world_size} rank(s) x {tensors} tensors equal"]
     elif verdict == "diverged":
@@ -56,7 +63,7 @@ def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list
     if verdict == "diverged" and (drift := result.get("drift")):
         lines.append(f"  drift (‖A−B‖/‖A‖, estimated): {drift['verdict']}" if drift.get("available")
                      else f"  drift: not estimated: {drift.get('reason')}")
-    return lines
+    return lines + _preflight_text(result)
 
 
 def _check_replicas(a: Path, as_json: bool) -> int:
@@ -97,7 +104,7 @@ def compare(
                                                  "replicas of directory A alone)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: verdict, first_divergent_step, "
                                           "first_divergent_tensors, ranks, steps_differing, missing, "
-                                          "replica_disagreements, collectives")] = False,
+                                          "replica_disagreements, collectives, preflight")] = False,
     server: Server = DEFAULT_SERVER,
 ) -> None:
     """Compare two runs: two record directories without a server (a CI gate, docs/sdk.md), or two run ids of

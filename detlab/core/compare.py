@@ -141,6 +141,7 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
     `replica_disagreements`, apart from the verdict: where, within either run, ranks that must hold
     bit-equal copies of a tensor first do not."""
     replicas = replica_disagreements(a) + replica_disagreements(b)
+    found = preflight_notes(a, b)
     b, alignment = line_up(a, b)
     calls = compare_calls(a, b, alignment)
     reason = alignment.reason or _incomparable(a, b)
@@ -150,7 +151,7 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
                 "first_divergent_step": None, "first_divergent_tensors": [], "ranks": [],
                 "steps_differing": 0, "steps_compared": 0, "per_step": [], "loss": {"a": [], "b": []},
                 "missing": [], "replica_disagreements": replicas, "collectives": calls,
-                "drift": {"available": False, "reason": f"incomparable runs: {reason}"}})
+                "drift": {"available": False, "reason": f"incomparable runs: {reason}"}, "preflight": found})
     names = [t[0] for t in a.tensors]
     steps = sorted(set(a.steps()) & set(b.steps()))
     per_rank = a.world_size == b.world_size
@@ -210,7 +211,22 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
         "replica_disagreements": replicas,
         "drift": drifted,
         "collectives": calls,
+        "preflight": found,
     })
+
+
+def preflight_notes(a: RunData, b: RunData) -> list[dict[str, Any]]:
+    """What the preflight table found in each run's processes (recorded with its env records), one row per run and
+    finding with the ranks it was found on: a run that parts may simply have run a known-broken setting."""
+    rows: list[dict[str, Any]] = []
+    for side, run in (("a", a), ("b", b)):
+        by_key: dict[tuple[str, str], dict[str, Any]] = {}
+        for rank in sorted(run.preflight):
+            for finding in run.preflight[rank]:
+                row = by_key.setdefault((finding["rule"], finding["matched"]), {"run": side, "ranks": [], **finding})
+                row["ranks"].append(rank)
+        rows += by_key.values()
+    return rows
 
 
 def compare_calls(a: RunData, b: RunData, alignment: positions.Alignment) -> dict[str, Any] | None:

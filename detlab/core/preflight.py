@@ -1,13 +1,17 @@
 """Preflight: the one table of known-broken and no-op settings, each rule with its reason, its fix and its source,
-and the check of a config against it. Fail closed: the server refuses a job any of whose configs a rule matches.
+and the check of a setup against it — a job's config (`check`: the server refuses a job any of whose configs a rule
+matches, fail closed) or a process's settings as torch reports them (`check_setup`: the SDK's Recorder records and
+warns; detlab.tensors.stack gathers the facts).
 
 Pure: no database, no torch. What a rule needs to know of the job (the collectives its runs issue, the device its
-queue's workers run on) is passed in; a rule whose condition depends on something not known does not fire."""
+queue's workers run on, their torch and CUDA versions) is passed in; a rule whose condition depends on something
+not known does not fire."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from detlab.core.configs import ConfigBody
@@ -29,10 +33,28 @@ Device = Literal["cuda", "cpu"]
 
 @dataclass(frozen=True)
 class Context:
-    """What a rule may know of the job: the collectives its runs issue and its queue's device (None: not known)."""
+    """What a rule may know of the job: the collectives its runs issue, its device, and the torch and CUDA runtime
+    versions its ranks run (None: not known)."""
 
     ops: frozenset[str] = TRAIN_OPS
     device: Device | None = None
+    torch: str | None = None  # torch.__version__, e.g. "2.9.1+cu128"
+    cuda: str | None = None  # torch.version.cuda, e.g. "12.8"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the rules read: a config's environment and torch flags, or a process's as torch reports them.
+    `warn_only` is known of a process only (a config cannot ask for it)."""
+
+    name: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    deterministic_algorithms: bool = False
+    warn_only: bool | None = None
+
+    @classmethod
+    def of_config(cls, body: ConfigBody) -> Setup:
+        return cls(body.name, dict(body.env), body.torch.deterministic_algorithms)
 
 
 @dataclass(frozen=True)
@@ -42,7 +64,7 @@ class Rule:
     reason: str
     fix: str
     source: str
-    matches: Callable[[ConfigBody, Context], str | None]  # what matched, in words; None: the rule does not fire
+    matches: Callable[[Setup, Context], str | None]  # what matched, in words; None: the rule does not fire
 
 
 @dataclass(frozen=True)
@@ -57,6 +79,16 @@ class Finding:
     def message(self) -> str:
         return f"config {self.config}: {self.matched}: {self.reason}. Fix: {self.fix} (preflight rule {self.rule}; " \
                f"source: {self.source})"
+
+    def to_json(self) -> dict[str, str]:
+        return {"rule": self.rule, "config": self.config, "matched": self.matched, "reason": self.reason,
+                "fix": self.fix, "source": self.source}
+
+
+def version(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version string ("2.11.0+cu130" → (2, 11), "10.2" → (10, 2)); None when not one."""
+    found = re.match(r"\s*(\d+)\.(\d+)", text or "")
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def _algos_for(value: str, func: str) -> set[str] | None:
@@ -73,7 +105,7 @@ def _algos_for(value: str, func: str) -> set[str] | None:
     return chosen
 
 
-def _tree_for_gathers(body: ConfigBody, ctx: Context) -> str | None:
+def _tree_for_gathers(body: Setup, ctx: Context) -> str | None:
     value = body.env.get("NCCL_ALGO")
     if value is None:
         return None
@@ -84,14 +116,34 @@ def _tree_for_gathers(body: ConfigBody, ctx: Context) -> str | None:
     return None
 
 
-def _no_op_var(body: ConfigBody, ctx: Context) -> str | None:
+def _no_op_var(body: Setup, ctx: Context) -> str | None:
     named = [name for name in NO_OP_VARS if name in body.env]
     return f"{named[0]}={body.env[named[0]]}" if named else None
 
 
-def _cublas_unset(body: ConfigBody, ctx: Context) -> str | None:
-    if ctx.device == "cuda" and body.torch.deterministic_algorithms and "CUBLAS_WORKSPACE_CONFIG" not in body.env:
-        return "deterministic_algorithms on CUDA with CUBLAS_WORKSPACE_CONFIG unset"
+# torch's own test (ATen Context::checkCuBLASConfigDeterministic, torch 1.7 to 2.9): the exact strings it accepts.
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+# The first torch without that test: pytorch/pytorch#161749 removed it from main on 2025-10-03, after the 2.9 branch.
+CUBLAS_CHECK_REMOVED = (2, 10)
+CUBLAS_PR = "https://github.com/pytorch/pytorch/pull/161749"
+
+
+def _cublas_unset(body: Setup, ctx: Context) -> str | None:
+    if ctx.device != "cuda" or not body.deterministic_algorithms:
+        return None
+    value = body.env.get("CUBLAS_WORKSPACE_CONFIG")
+    torch, cuda = version(ctx.torch), version(ctx.cuda)
+    if value in CUBLAS_DETERMINISTIC or torch is None or cuda is None:
+        return None  # set as torch wants it, or the versions that decide are not known: no claim
+    if torch >= CUBLAS_CHECK_REMOVED or cuda < (10, 2):
+        return None
+    shown = f"CUBLAS_WORKSPACE_CONFIG={value}" if value is not None else "CUBLAS_WORKSPACE_CONFIG unset"
+    return f"deterministic_algorithms on CUDA {ctx.cuda} with torch {ctx.torch} and {shown}"
+
+
+def _warn_only(body: Setup, ctx: Context) -> str | None:
+    if body.deterministic_algorithms and body.warn_only:
+        return "use_deterministic_algorithms(True, warn_only=True)"
     return None
 
 
@@ -106,20 +158,34 @@ RULES: tuple[Rule, ...] = (
          "pin the algorithm, protocol and channels instead (NCCL_ALGO=allreduce:tree, NCCL_PROTO=Simple, "
          "NCCL_MIN/MAX_NCHANNELS=1), or run `detlab fix` to find what this workload needs",
          NCCL_ENV_DOCS, _no_op_var),
-    Rule("cublas-workspace-unset", "use_deterministic_algorithms on CUDA without CUBLAS_WORKSPACE_CONFIG",
-         "cuBLAS picks its workspace per stream: under deterministic algorithms torch raises on the first cuBLAS "
-         "call (CUDA >= 10.2) rather than run it nondeterministically",
-         "set CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8)",
-         "https://docs.pytorch.org/docs/stable/notes/randomness.html#cublas", _cublas_unset),
+    Rule("cublas-workspace-unset",
+         "use_deterministic_algorithms on CUDA >= 10.2 with torch <= 2.9, CUBLAS_WORKSPACE_CONFIG not :4096:8 or :16:8",
+         "torch 1.7 to 2.9 raise a RuntimeError at the first cuBLAS call under deterministic algorithms (a warning "
+         "under warn_only) unless CUBLAS_WORKSPACE_CONFIG is exactly :4096:8 or :16:8 (ATen's "
+         "Context::checkCuBLASConfigDeterministic, CUDA runtime >= 10.2). torch >= 2.10 dropped the check: it gives "
+         "each cuBLAS handle and stream its own workspace, which cuBLAS documents as reproducible (measured: H200, "
+         "torch 2.11+cu130, reproducible without it and no alert)",
+         "set CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8), or run torch >= 2.10",
+         f"{CUBLAS_PR}; https://docs.nvidia.com/cuda/cublas/#results-reproducibility", _cublas_unset),
+    Rule("deterministic-warn-only", "use_deterministic_algorithms(True, warn_only=True)",
+         "warn_only keeps every nondeterministic kernel and only warns when one runs: the runs are no more "
+         "deterministic for the ops that lack a deterministic implementation",
+         "torch.use_deterministic_algorithms(True) (an op without a deterministic kernel then raises, naming it)",
+         "https://docs.pytorch.org/docs/stable/generated/torch.use_deterministic_algorithms.html", _warn_only),
 )
-# use_deterministic_algorithms(True, warn_only=True) keeps nondeterministic kernels with only a warning; a config
-# cannot say warn_only (detlab's TorchFlags has no such key), so no rule here needs to refuse it.
+# A config cannot say warn_only (detlab's TorchFlags has no such key), so `deterministic-warn-only` fires only on a
+# process's settings: the SDK's Recorder records it; no job can carry it.
 
 
 def check(body: ConfigBody, ctx: Context) -> list[Finding]:
     """Every rule the config matches, in the table's order."""
-    return [Finding(rule.key, body.name, matched, rule.reason, rule.fix, rule.source)
-            for rule in RULES if (matched := rule.matches(body, ctx))]
+    return check_setup(Setup.of_config(body), ctx)
+
+
+def check_setup(setup: Setup, ctx: Context) -> list[Finding]:
+    """Every rule the setup (a config's, or a process's) matches, in the table's order."""
+    return [Finding(rule.key, setup.name, matched, rule.reason, rule.fix, rule.source)
+            for rule in RULES if (matched := rule.matches(setup, ctx))]
 
 
 def table() -> list[dict[str, str]]:

@@ -5,11 +5,16 @@ The search, in rounds:
   0. the base config alone: reproducible → verdict `already`;
   1. candidates, cumulative in the catalogue's order (cheapest first): the base + the first knob, + the first two,
      … one per round, until one is reproducible or the budget (max_trials, the base included) is spent;
-  2. minimality: each knob of the found set is dropped in turn (sequentially: a knob found unnecessary is out before
-     the next is tried); it stays only when the runs without it are not reproducible — that trial is its evidence.
-     A set already run (the base, an earlier candidate) is not run again: its outcome is the evidence.
-A trial is reproducible when every comparable repeat is bit-identical to the first (k of n with k == n, n ≥ 1) and
-none of its runs failed.
+  2. minimality, cumulative cheapest-first again (`minimize`): the found set's last knob is necessary (the candidate
+     before it was not reproducible); then that knob alone, + the cheapest other knob, … until reproducible, which
+     shows the knob added last necessary and the rest unneeded, and so on. A knob stays only when a trial without
+     it was not reproducible — that trial is its evidence. A set already run (the base, an earlier candidate) is not
+     run again, and a knob that a reproducible trial without it shows unneeded gets no drop trial of its own: such
+     a trial cannot be the answer (a set with that knob is dearer), and `not_tried` lists it with why.
+A trial's `reproducible` is [k, n]: n its repeats (every run of the trial), k those bit-identical to its first repeat,
+the first counting as itself (ARCHITECTURE: "the share of repeats identical to its first repeat"). A trial is
+reproducible when k == n ≥ 2 and none of its runs failed: a repeat that is incomplete or incomparable is not identical,
+so it keeps the trial from reproducible rather than being left out of n.
 
 Pure: no database, no torch."""
 
@@ -40,11 +45,11 @@ class Trial:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a trial's runs showed: repeats identical to the first of those comparable, where they first parted,
-    cost against the base (bootstrap interval), and the error of a run that failed."""
+    """What a trial's runs showed: of its `repeats`, how many are `identical` to the first (the first included),
+    where they first parted, cost against the base (bootstrap interval), and the error of a run that failed."""
 
     identical: int
-    comparable: int
+    repeats: int
     first_divergent_step: int | None = None
     cost: float | None = None
     cost_interval: list[float] | None = None
@@ -53,14 +58,14 @@ class Outcome:
 
     @property
     def reproducible(self) -> bool:
-        return self.failed is None and self.comparable > 0 and self.identical == self.comparable
+        return self.failed is None and self.repeats >= 2 and self.identical == self.repeats
 
     def closeness(self) -> tuple[float, int]:
         """How near reproducible: the share of identical repeats, then how late they part."""
-        if self.failed is not None or not self.comparable:
+        if self.failed is not None or not self.repeats:
             return (-1.0, -1)
         step = self.first_divergent_step if self.first_divergent_step is not None else 1 << 30
-        return (self.identical / self.comparable, step)
+        return (self.identical / self.repeats, step)
 
 
 Lookup = Callable[[tuple[str, ...]], tuple[int, Outcome] | None]
@@ -84,7 +89,8 @@ def _found(trials: list[Trial], outcomes: list[Outcome | None]) -> int | None:
 
 @dataclass
 class Minimal:
-    """Where minimality stands: the knobs kept so far, each checked knob's evidence, and the next drop to run."""
+    """Where minimality stands: the knobs kept so far (a reproducible set that ran), each checked knob's evidence
+    (None: not checked yet), the knobs shown unneeded (by the trial reproducible without them), the next trial."""
 
     knobs: list[str]
     necessary: dict[str, dict[str, Any] | None]
@@ -92,26 +98,55 @@ class Minimal:
     next: Trial | None
 
 
+def _evidence(index: int, knobs: tuple[str, ...], outcome: Outcome) -> dict[str, Any]:
+    return {"trial": index, "knobs": list(knobs), "reproducible": [outcome.identical, outcome.repeats],
+            "first_divergent_step": outcome.first_divergent_step, "failed": outcome.failed}
+
+
 def minimize(found: tuple[str, ...], find: Lookup) -> Minimal:
-    """Walk the found set's knobs in order, each dropped from what is kept so far."""
-    kept = list(found)
-    state = Minimal(kept, {}, {}, None)
-    for knob in found:
-        without = tuple(k for k in kept if k != knob)
-        known = find(without)
-        if known is None:
-            state.next = Trial(without, "drop", knob)
-            state.necessary.update({k: None for k in found if k not in state.necessary and k not in state.dropped})
-            return state
-        index, outcome = known
-        if outcome.reproducible:
-            kept.remove(knob)
-            state.dropped[knob] = index
-        else:
-            state.necessary[knob] = {"trial": index, "knobs": list(without),
-                                     "reproducible": [outcome.identical, outcome.comparable],
-                                     "first_divergent_step": outcome.first_divergent_step, "failed": outcome.failed}
-    return state
+    """The found set cut to the knobs it needs, cheapest first and cumulative again: with `need` the knobs shown
+    necessary and `rest` those not yet decided (need ∪ rest reproducible, it ran), try need + rest[:i] for
+    i = 0, 1, …; the first reproducible one, at i, shows rest[i−1] necessary (need + rest[:i−1] was not: its
+    evidence) and rest[i:] unneeded — none of them gets a drop trial of its own. At i = 0 the search is over.
+
+    A one-knob fix (the last knob of the found set: the candidate before it was not reproducible) costs one trial
+    (that knob alone), where dropping each knob in turn costs one per knob of the set."""
+    need: list[str] = []
+    rest = list(found)
+    necessary: dict[str, dict[str, Any] | None] = {}
+    dropped: dict[str, int] = {}
+
+    def ordered(names: set[str]) -> tuple[str, ...]:
+        return tuple(k for k in found if k in names)
+
+    while True:
+        at, index = len(rest), -1
+        for i in range(len(rest) + 1):
+            known = find(ordered({*need, *rest[:i]}))
+            if known is None:
+                left_out = [k for k in found if k not in need and k not in rest[:i]]
+                return Minimal(list(ordered({*need, *rest})), {**necessary, **{k: None for k in rest}}, dropped,
+                               Trial(ordered({*need, *rest[:i]}), "drop", ", ".join(left_out)))
+            if known[1].reproducible or i == len(rest):  # need ∪ rest is reproducible: it is the found set or a
+                at, index = i, known[0]                  # trial of an earlier pass that was
+                break
+        for knob in rest[at:]:
+            dropped[knob] = index
+        if at == 0:
+            break
+        knob = rest[at - 1]
+        without = ordered({*need, *rest[:at - 1]})
+        before = find(without)
+        assert before is not None  # tried at i = at − 1 in the loop above
+        necessary[knob] = _evidence(before[0], without, before[1])
+        need.append(knob)
+        rest = rest[:at - 1]
+    kept = ordered(set(need))
+    for knob in need:  # the most direct evidence where it ran: the kept set without just this knob
+        direct = find(tuple(k for k in kept if k != knob))
+        if direct is not None and not direct[1].reproducible:
+            necessary[knob] = _evidence(direct[0], tuple(k for k in kept if k != knob), direct[1])
+    return Minimal(list(kept), {k: necessary[k] for k in kept}, dropped, None)
 
 
 def next_trials(trials: list[Trial], outcomes: list[Outcome | None], order: list[str], max_trials: int) -> list[Trial]:
@@ -136,7 +171,7 @@ def _row(index: int, trial: Trial, outcome: Outcome | None, name: str) -> dict[s
                            "first_divergent_step": None, "cost": None, "cost_interval": None, "within_noise": None,
                            "failed": None}
     if outcome is not None:
-        row.update(reproducible=[outcome.identical, outcome.comparable],
+        row.update(reproducible=[outcome.identical, outcome.repeats],
                    first_divergent_step=outcome.first_divergent_step, cost=outcome.cost,
                    cost_interval=outcome.cost_interval, within_noise=outcome.within_noise, failed=outcome.failed)
     return row
@@ -144,7 +179,7 @@ def _row(index: int, trial: Trial, outcome: Outcome | None, name: str) -> dict[s
 
 def _prescribed(index: int, trial: Trial, outcome: Outcome, body: dict[str, Any]) -> dict[str, Any]:
     return {"trial": index, "config": body, "knobs": list(trial.knobs),
-            "reproducible": [outcome.identical, outcome.comparable], "cost": outcome.cost,
+            "reproducible": [outcome.identical, outcome.repeats], "cost": outcome.cost,
             "cost_interval": outcome.cost_interval, "within_noise": outcome.within_noise}
 
 
@@ -189,4 +224,17 @@ def result(*, trials: list[Trial], outcomes: list[Outcome | None], bodies: list[
     out["unnecessary"] = {k: {"trial": i, "knobs": list(trials[i].knobs)} for k, i in state.dropped.items()}
     out["not_tried"] += [{"knob": k, "reason": "not needed: a cheaper candidate was reproducible"}
                          for k in order if k not in used]
+    found_set = trials[found].knobs
+    for knob, i in state.dropped.items():
+        drop = tuple(k for k in found_set if k != knob)
+        if find(drop) is None:
+            out["not_tried"].append({"knob": knob, "knobs": list(drop), "reason": (
+                f"the found set without {knob}, not run: trial {i} ({', '.join(trials[i].knobs) or 'the base'}) is "
+                f"reproducible without {knob}, so a set with it cannot be the cheapest answer")})
+    unchecked = [k for k, v in state.necessary.items() if v is None]
+    if state.next is not None:  # the budget cut minimality short: what it would have run next, and what stays
+        out["not_tried"].append({"knob": None, "knobs": list(state.next.knobs),
+                                 "reason": "budget: max_trials reached (the next trial of minimality)"})
+        out["not_tried"] += [{"knob": k, "reason": "budget: max_trials reached before it was checked: kept"}
+                             for k in unchecked]
     return out

@@ -159,6 +159,23 @@ class ReplicaDisagreement(Result):
     ranks: dict[int, str]
 
 
+class PreflightNote(Result):
+    """A preflight finding recorded in run A's or B's processes (detlab.core.preflight), with the ranks it was found
+    on."""
+
+    run: Literal["a", "b"]
+    ranks: list[int]
+    rule: str
+    matched: str
+    reason: str
+    fix: str
+    source: str
+
+    def text(self) -> str:
+        ranks = ", ".join(map(str, self.ranks))
+        return f"preflight, run {self.run.upper()} (rank {ranks}): {self.matched} — {self.reason}. Fix: {self.fix}"
+
+
 class RunComparison(Result):
     """Two runs compared (detlab.core.compare.compare_runs): the verdict, where they part, what is missing, how far
     they drift apart and what their collective calls say."""
@@ -180,6 +197,8 @@ class RunComparison(Result):
     replica_disagreements: list[ReplicaDisagreement] = Field(default_factory=list)
     drift: DriftEstimate | None = None  # absent from results stored before drift was estimated
     collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
+    # Known-broken or no-op settings the runs' processes ran with (recorded by the SDK and the built-in ranks)
+    preflight: list[PreflightNote] = Field(default_factory=list)
 
     def stored(self) -> dict[str, Any]:
         """As a report stores it (JSON: tuples as lists, NaN as null): the keys the comparison set, nothing added."""
@@ -417,7 +436,8 @@ class FixTrial(Result):
     knobs: list[str]
     role: Literal["base", "candidate", "drop"]
     dropped: str | None = None
-    reproducible: list[int] | None  # [k, n]: repeats identical to the first of those comparable; null: running
+    # [k, n]: n repeats, k of them bit-identical to the first (the first counts as itself); null: running
+    reproducible: list[int] | None
     first_divergent_step: int | None = None
     cost: float | None = None  # against the base (1 - samples/s ÷ the base's)
     cost_interval: list[float] | None = None  # bootstrap 95 %
@@ -431,15 +451,28 @@ class Prescription(Result):
     trial: int
     config: dict[str, Any]
     knobs: list[str]
-    reproducible: list[int]
+    reproducible: list[int]  # [k, n] as FixTrial's: k == n
     cost: float | None = None
     cost_interval: list[float] | None = None
     within_noise: bool | None = None
 
 
 class NotTried(Result):
-    knob: str
+    """A knob not tried (`knob`), or a trial not run (`knobs`: its set; with `knob`, the knob its run would have
+    checked), with why."""
+
+    knob: str | None
     reason: str
+    knobs: list[str] | None = None
+
+    def describe(self) -> str:
+        trial = f"trial {', '.join(self.knobs) or 'the base'}" if self.knobs is not None else None
+        return " — ".join(x for x in (self.knob, trial) if x)
+
+
+def _k_of_n(k_n: list[int]) -> str:
+    """How [k, n] reads everywhere (CLI, page): '2 of 3 repeats identical to the first'."""
+    return f"{k_n[0]} of {k_n[1]} repeats identical to the first"
 
 
 class FixResult(JobResult):
@@ -464,21 +497,21 @@ class FixResult(JobResult):
             p = self.prescription
             cost = "not measured" if p.cost is None else \
                 f"{abs(p.cost):.1%} {'faster' if p.cost < 0 else 'slower'}"
-            lines.append(f"  prescription: {', '.join(p.knobs) or 'the base config as it is'} — reproducible "
-                         f"{p.reproducible[0]} of {p.reproducible[1]}, {cost} than the base"
+            lines.append(f"  prescription: {', '.join(p.knobs) or 'the base config as it is'} — "
+                         f"{_k_of_n(p.reproducible)}, {cost} than the base"
                          f"{' (within noise)' if p.within_noise else ''}")
         if self.closest is not None:
             c, k_n = self.closest, self.closest.reproducible or [0, 0]
-            shown = c.failed or f"{k_n[0]} of {k_n[1]} identical"
+            shown = c.failed or _k_of_n(k_n)
             lines.append(f"  closest: {', '.join(c.knobs) or 'the base'} — {shown}, first divergent step "
                          f"{c.first_divergent_step}")
         for knob, ev in self.necessary.items():
             seen = ev.get("reproducible")
-            why = ev.get("failed") or (f"{seen[0]} of {seen[1]} identical, first divergent step "
-                                       f"{ev.get('first_divergent_step')}" if seen else None)
+            why = ev.get("failed") or (f"{_k_of_n(seen)}, first divergent step {ev.get('first_divergent_step')}"
+                                       if seen else None)
             lines.append(f"  {knob}: needed — without it, trial {ev['trial']}: {why}" if ev.get("trial") is not None
                          else f"  {knob}: kept, not checked ({ev.get('unchecked')})")
-        lines += [f"  not tried: {n.knob} ({n.reason})" for n in self.not_tried]
+        lines += [f"  not tried: {n.describe()} ({n.reason})" for n in self.not_tried]
         return lines
 
     def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:

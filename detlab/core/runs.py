@@ -46,6 +46,8 @@ class RunData:
     # Per (step, rank): the collective calls it recorded (detlab.core.collective_calls); empty: none recorded.
     calls: collective_calls.RunCalls = field(default_factory=dict)
     comm_logs: list[dict[str, Any]] | None = None  # its ranks' parsed NCCL/RCCL logs; None: none recorded
+    # rank -> the preflight findings on its process (wire.PreflightFinding as dicts); a rank absent: not checked.
+    preflight: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     # steps() and ranks() are asked once per step of a comparison: cached while `records` keeps its size.
     _cache: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False, compare=False)
 

@@ -235,9 +235,21 @@ Position = Annotated[dict[MeshDimName, Annotated[int, Field(ge=0, lt=MAX_WORLD_S
                                                                                               max_length=8)]
 
 
+class PreflightFinding(Wire):
+    """A rule of the preflight table (detlab.core.preflight) that a rank's process matched: what matched, why it
+    matters, the fix, the source."""
+
+    rule: Str64
+    matched: Annotated[str, Field(max_length=500)]
+    reason: Annotated[str, Field(max_length=2000)]
+    fix: Annotated[str, Field(max_length=1000)]
+    source: Annotated[str, Field(max_length=1000)]
+
+
 class EnvRecord(Wire):
     """A rank's stack: host, device, driver and library versions, environment and torch flags in effect;
-    `position`: its logical position (dp, tp, pp, cp ...), None where not known."""
+    `position`: its logical position (dp, tp, pp, cp ...), None where not known; `preflight`: the known-broken or
+    no-op settings its process ran with."""
 
     type: Literal["env"] = "env"
     rank: Rank
@@ -253,6 +265,8 @@ class EnvRecord(Wire):
     effective_env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=512)
     torch_flags: TorchFacts | None = None
     position: Position | None = None
+    # What preflight found in the rank's process at start (empty: nothing); None: not checked (older recorders).
+    preflight: list[PreflightFinding] | None = Field(default=None, max_length=32)
 
 
 class TensorInfo(Wire):
@@ -559,6 +573,10 @@ class WorkerCapacity(Wire):
     gpus: int = Field(ge=0, le=MAX_WORLD_SIZE)
     cpu_cores: int = Field(ge=1, le=1 << 16)
     ranks_per_core: int = Field(default=1, ge=1, le=64)  # gloo ranks it starts per core (DETLAB_CPU_RANKS_PER_CORE)
+    # The torch and CUDA runtime its GPU ranks run (torch.__version__, torch.version.cuda): preflight rules that
+    # depend on them (detlab.core.preflight). None: a CPU worker, or one that does not say.
+    torch: Str64 | None = None
+    cuda: Str32 | None = None
 
     @property
     def max_world_size(self) -> int:

@@ -27,6 +27,7 @@ from detlab.core.wire import (
     Drift,
     EnvRecord,
     Position,
+    PreflightFinding,
     RecordingOpen,
     StepRecord,
     Tags,
@@ -433,7 +434,9 @@ class Recorder:
         device = first.device if first is not None else torch.device("cpu")
         backend = identity.backend()
         position = self._position
-        self._spool.put(lambda: self._env_record(who, device, backend).model_copy(update={"position": position}))
+        found = self._preflight(device, backend)
+        self._spool.put(lambda: self._env_record(who, device, backend, found).model_copy(
+            update={"position": position}))
         if self.server:
             opening = RecordingOpen(recording=recording, name=self.name, tags=self.tags, world_size=who.world_size)
             self._streamer = upload.Streamer(self.server, self._token, opening, path, who.rank)
@@ -444,11 +447,24 @@ class Recorder:
                                   "directory, delete this one, or pass overwrite=True") from None
 
     @staticmethod
-    def _env_record(who: Identity, device: torch.device, backend: str | None) -> EnvRecord:
+    def _preflight(device: torch.device, backend: str | None) -> list[PreflightFinding]:
+        """The preflight table against this process's settings at the start of the recording: each finding is
+        warned (once) and recorded in the rank's env record; it never stops the user's training."""
+        from detlab.tensors.stack import preflight_findings
+
+        found = preflight_findings(device, backend)
+        for f in found:
+            warnings.warn(f"detlab preflight ({f.rule}): {f.matched}: {f.reason}. Fix: {f.fix} (source: {f.source})",
+                          RuntimeWarning, stacklevel=4)
+        return found
+
+    @staticmethod
+    def _env_record(who: Identity, device: torch.device, backend: str | None,
+                    found: list[PreflightFinding]) -> EnvRecord:
         # Runs on the writer thread: nvidia-smi stays off the loop.
         from detlab.tensors.stack import env_record
 
-        record = env_record(who.rank, device, backend or "")
+        record = env_record(who.rank, device, backend or "", found)
         return record.model_copy(update={"backend": backend})  # None: no process group
 
     def _drain(self) -> None:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -170,11 +170,15 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
     records: dict[tuple[int, int], StepData] = {}
     versions: set[str] = set()
     positions: dict[int, dict[str, int]] = {}
+    preflight: dict[int, list[dict[str, Any]]] = {}
     calls: RunCalls = {}
     for rank, path in sorted(files.items()):
         for rec in read_records(path):
-            if isinstance(rec, EnvRecord) and rec.position is not None:
-                positions[rank] = rec.position
+            if isinstance(rec, EnvRecord):
+                if rec.position is not None:
+                    positions[rank] = rec.position
+                if rec.preflight is not None:
+                    preflight[rank] = [f.model_dump() for f in rec.preflight]
             elif isinstance(rec, CallsRecord):
                 calls[(rec.step, rank)] = step_calls(rec)
             elif isinstance(rec, TensorsRecord):
@@ -204,7 +208,7 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
     return RunData(run_id=run_id, workload=WORKLOAD, world_size=manifest.world_size,
                    tensors=[(t.name, t.shape, t.dtype) for t in tensors[min(tensors)]] if tensors else [],
                    records=records, fp_versions=versions or {manifest.fp_version}, status=status, rank_tensors=tensors,
-                   positions=positions, calls=calls)
+                   positions=positions, calls=calls, preflight=preflight)
 
 
 def step_calls(rec: CallsRecord) -> StepCalls:

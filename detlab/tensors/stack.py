@@ -1,6 +1,6 @@
 """This process's stack, for an `env` record: host, device, driver and library versions, the environment and the
-torch flags in effect; and the torch flags a config asks for, applied. The built-in ranks and the SDK's Recorder
-both record it."""
+torch flags in effect, and what the preflight table finds in them; and the torch flags a config asks for, applied.
+The built-in ranks and the SDK's Recorder both record it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import platform
 
 import torch
 
+from detlab.core import preflight
 from detlab.core.configs import ENV_PREFIXES, ENV_VALIDATORS, TorchFlags
-from detlab.core.wire import EnvRecord, TorchFacts
+from detlab.core.wire import EnvRecord, PreflightFinding, TorchFacts
 from detlab.tensors import fingerprint as fp
 
 
@@ -37,8 +38,23 @@ def effective_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in ENV_VALIDATORS or k.startswith(ENV_PREFIXES)}
 
 
-def env_record(rank: int, device: torch.device, backend: str) -> EnvRecord:
-    """This rank's stack: host, device, driver and library versions, environment and torch flags in effect."""
+def preflight_findings(device: torch.device, backend: str | None) -> list[PreflightFinding]:
+    """The preflight table (detlab.core.preflight, the rules jobs are refused by) against this process's settings
+    as torch reports them: its environment, deterministic algorithms and warn_only, the torch and CUDA runtime
+    versions. NCCL's rules count only where NCCL carries the collectives (backend nccl)."""
+    setup = preflight.Setup("this process", effective_env(), torch.are_deterministic_algorithms_enabled(),
+                            torch.is_deterministic_algorithms_warn_only_enabled())
+    ctx = preflight.Context(ops=preflight.TRAIN_OPS if backend == "nccl" else frozenset(),
+                            device="cuda" if device.type == "cuda" else "cpu", torch=torch.__version__,
+                            cuda=torch.version.cuda)
+    return [PreflightFinding(rule=f.rule, matched=f.matched, reason=f.reason, fix=f.fix, source=f.source)
+            for f in preflight.check_setup(setup, ctx)]
+
+
+def env_record(rank: int, device: torch.device, backend: str,
+               findings: list[PreflightFinding] | None = None) -> EnvRecord:
+    """This rank's stack: host, device, driver and library versions, environment and torch flags in effect, and
+    the preflight findings on them (`findings`: as already checked; None: checked here)."""
     cuda = device.type == "cuda"
     nccl = None
     if cuda and hasattr(torch.cuda, "nccl"):
@@ -67,4 +83,5 @@ def env_record(rank: int, device: torch.device, backend: str) -> EnvRecord:
         fingerprint_impl=fp.implementation_name(device),
         effective_env=effective_env(),
         torch_flags=effective_torch_flags(),
+        preflight=findings if findings is not None else preflight_findings(device, backend),
     )

@@ -25,7 +25,8 @@
   // A cost against the base as it reads everywhere: "12.0% slower", "75.3% faster".
   const costText = (x) => (x === null || x === undefined ? "not measured"
     : `${Math.abs(x * 100).toFixed(1)}% ${x < 0 ? "faster" : "slower"}`);
-  const repro = (r) => (r ? `${r[0]} of ${r[1]}` : "running");
+  // [k, n]: k of the n repeats bit-identical to the first (the first counts as itself), as the CLI says it.
+  const repro = (r) => (r ? `${r[0]} of ${r[1]} identical to the first` : "running");
 
   function trialRow(t, keptAt) {
     const tr = el("tr", {},
@@ -65,7 +66,7 @@
       ev.trial === null || ev.trial === undefined ? el("span", { text: ` — not checked (${ev.unchecked || "budget"})` })
         : el("span", {}, " — without it, ",
           el("a", { href: `#trial-${ev.trial}`, text: `trial ${ev.trial}` }),
-          ` was ${ev.failed ? `failed (${ev.failed})` : `${repro(ev.reproducible)} identical (first divergent step ${ev.first_divergent_step})`}`)));
+          ` was ${ev.failed ? `failed (${ev.failed})` : `${repro(ev.reproducible)} (first divergent step ${ev.first_divergent_step})`}`)));
     for (const [knob, ev] of Object.entries(res.unnecessary || {})) {
       items.push(el("li", { className: "muted" }, el("code", { text: knob }), ` — not needed: trial ${ev.trial} was reproducible without it`));
     }
@@ -117,7 +118,9 @@
     const keptAt = p ? p.trial : null;
     setRows($("fix-trials"), res.trials.map((t) => { const row = trialRow(t, keptAt); row.id = `trial-${t.index}`; return row; }),
       "No trial yet.", 7);
-    setRows($("fix-not-tried"), (res.not_tried || []).map((n) => el("tr", {}, el("td", {}, el("code", { text: n.knob })),
+    // A knob not tried (n.knob), or a trial not run (n.knobs: its set), as the CLI's NotTried.describe says it.
+    const notTried = (n) => [n.knob, n.knobs ? `trial ${n.knobs.join(", ") || "the base"}` : null].filter(Boolean).join(" — ");
+    setRows($("fix-not-tried"), (res.not_tried || []).map((n) => el("tr", {}, el("td", {}, el("code", { text: notTried(n) })),
       el("td", { text: n.reason }))), "Every knob that applies was tried.", 2);
     renderPrescription(res);
     renderChart(res);

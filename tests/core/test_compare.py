@@ -659,3 +659,14 @@ def test_cost_interval_is_reproducible() -> None:
 ])
 def test_cost_reads_with_its_interval_or_as_noise(estimate: dict | None, text: str) -> None:
     assert cost_text(estimate) == text
+
+
+def test_preflight_findings_of_either_run_are_reported_once_per_finding_with_their_ranks() -> None:
+    finding = {"rule": "nccl-no-op-variable", "matched": "NCCL_DETERMINISTIC=1", "reason": "r", "fix": "f",
+               "source": "s"}
+    a, b = make_run(1), make_run(2)
+    b.preflight = {0: [finding], 1: [finding]}
+    result = compared(a, b)
+    assert result["verdict"] == "identical"  # a setting nothing reads: the finding says so, the verdict stands
+    assert result["preflight"] == [{"run": "b", "ranks": [0, 1], **finding}]
+    assert compared(a, make_run(2))["preflight"] == []

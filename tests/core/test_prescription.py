@@ -23,7 +23,7 @@ def search(order: list[str], oracle: Oracle, max_trials: int = 20) -> tuple[list
         for trial in batch:
             trials.append(trial)
             ok = oracle(frozenset(trial.knobs))
-            outcomes.append(Outcome(identical=1 if ok else 0, comparable=1, first_divergent_step=None if ok else 3,
+            outcomes.append(Outcome(identical=2 if ok else 1, repeats=2, first_divergent_step=None if ok else 3,
                                     cost=0.1 * len(trial.knobs), cost_interval=[0.0, 0.2], within_noise=True))
     bodies = [{"name": "+".join(t.knobs) or "base"} for t in trials]
     out = result(trials=trials, outcomes=outcomes, bodies=bodies, order=order, skipped=[], max_trials=max_trials,
@@ -44,7 +44,7 @@ def test_candidates_are_cumulative_cheapest_first_and_the_last_knob_needs_no_ext
     assert out["verdict"] == "found"
     assert out["prescription"]["knobs"] == ["b"]
     # b's evidence is the base, run already: dropping b from {b} runs nothing new
-    assert out["necessary"] == {"b": {"trial": 0, "knobs": [], "reproducible": [0, 1], "first_divergent_step": 3,
+    assert out["necessary"] == {"b": {"trial": 0, "knobs": [], "reproducible": [1, 2], "first_divergent_step": 3,
                                       "failed": None}}
     assert out["unnecessary"] == {"a": {"trial": 3, "knobs": ["b"]}}
     assert {"knob": "c", "reason": "not needed: a cheaper candidate was reproducible"} in out["not_tried"]
@@ -57,7 +57,7 @@ def test_a_knob_that_does_nothing_is_never_in_the_prescription() -> None:
         assert set(out["prescription"]["knobs"]) == needed, needed
         assert set(out["necessary"]) == needed
         for knob, evidence in out["necessary"].items():  # each kept knob: a trial without it that diverged
-            assert knob not in evidence["knobs"] and evidence["reproducible"] == [0, 1]
+            assert knob not in evidence["knobs"] and evidence["reproducible"] == [1, 2]
 
 
 def test_a_single_knob_fix_takes_two_rounds() -> None:
@@ -77,7 +77,7 @@ def test_the_budget_stops_the_search_with_none_and_lists_what_was_not_tried() ->
 
 def test_nothing_works_names_the_closest_candidate() -> None:
     trials = [Trial((), "base"), Trial(("a",), "candidate"), Trial(("a", "b"), "candidate")]
-    outcomes: list[Outcome | None] = [Outcome(0, 2, 0), Outcome(1, 2, 5), Outcome(0, 2, 9)]
+    outcomes: list[Outcome | None] = [Outcome(1, 3, 0), Outcome(2, 3, 5), Outcome(1, 3, 9)]
     assert next_trials(trials, outcomes, ["a", "b"], 10) == []
     out = result(trials=trials, outcomes=outcomes, bodies=[{"name": "x"}] * 3, order=["a", "b"], skipped=[],
                  max_trials=10, stack="cpu")
@@ -93,8 +93,14 @@ def test_a_running_trial_holds_the_next_round_and_the_verdict() -> None:
 
 
 def test_a_failed_trial_is_not_reproducible() -> None:
-    assert not Outcome(1, 1, failed="rank 0 exited 1").reproducible
+    assert not Outcome(2, 2, failed="rank 0 exited 1").reproducible
     assert not Outcome(0, 0).reproducible
+
+
+def test_k_of_n_counts_every_repeat_and_the_first_as_itself() -> None:
+    assert Outcome(3, 3).reproducible
+    assert not Outcome(2, 3).reproducible  # one repeat parted (or was incomplete): it stays in n
+    assert not Outcome(1, 1).reproducible  # one repeat shows nothing
 
 
 def test_on_cpu_only_deterministic_algorithms_and_threads_are_tried() -> None:
@@ -122,10 +128,36 @@ def test_the_summary_says_the_prescription_and_each_knobs_evidence() -> None:
     _, out = search(["deterministic-algorithms", "threads-1"], lambda s: "deterministic-algorithms" in s)
     lines = FixResult.model_validate(out).summary(job_id=7, status="succeeded", verdict="found", url="u")
     assert lines[:3] == ["job 7 succeeded: fix verdict found on cpu",
-                         "  prescription: deterministic-algorithms — reproducible 1 of 1, 10.0% slower than the base "
-                         "(within noise)",
-                         "  deterministic-algorithms: needed — without it, trial 0: 0 of 1 identical, first divergent "
-                         "step 3"]
+                         "  prescription: deterministic-algorithms — 2 of 2 repeats identical to the first, 10.0% "
+                         "slower than the base (within noise)",
+                         "  deterministic-algorithms: needed — without it, trial 0: 1 of 2 repeats identical to the "
+                         "first, first divergent step 3"]
     _, out = search(["a"], lambda s: False, max_trials=1)
     lines = FixResult.model_validate(out).summary(job_id=7, status="succeeded", verdict="none", url="u")
-    assert lines[1] == "  closest: the base — 0 of 1 identical, first divergent step 3"
+    assert lines[1] == "  closest: the base — 1 of 2 repeats identical to the first, first divergent step 3"
+
+
+def test_a_one_knob_fix_found_last_costs_one_trial_after_the_candidates() -> None:
+    """scatter on the H200: three knobs that do nothing, then deterministic algorithms. The last knob is needed (the
+    candidate before it was not reproducible); it alone is tried next, reproducible: no drop trial per knob."""
+    order = ["cudnn-benchmark-off", "cudnn-deterministic", "cublas-workspace", "deterministic-algorithms"]
+    rounds, out = search(order, lambda s: "deterministic-algorithms" in s)
+    assert [t.knobs for r in rounds for t in r] == [(), *(tuple(order[:i]) for i in range(1, 5)),
+                                                   ("deterministic-algorithms",)]
+    assert out["prescription"]["knobs"] == ["deterministic-algorithms"]
+    assert out["necessary"]["deterministic-algorithms"]["trial"] == 0
+    assert out["unnecessary"] == {k: {"trial": 5, "knobs": ["deterministic-algorithms"]} for k in order[:3]}
+    skipped = [n for n in out["not_tried"] if n.get("knobs") is not None]
+    assert [(n["knob"], n["knobs"]) for n in skipped] == [(k, [o for o in order if o != k]) for k in order[:3]]
+    assert all("cannot be the cheapest answer" in n["reason"] for n in skipped)
+
+
+def test_the_budget_cuts_minimality_short_and_says_what_it_did_not_run() -> None:
+    order = ["a", "b", "c"]
+    rounds, out = search(order, lambda s: "c" in s, max_trials=4)  # base, a, ab, abc: no trial left for {c}
+    assert out["verdict"] == "found" and out["prescription"]["knobs"] == ["a", "b", "c"]
+    assert out["necessary"]["c"]["trial"] == 2
+    assert out["necessary"]["a"] == {"trial": None, "unchecked": "budget: max_trials reached"}
+    assert {"knob": None, "knobs": ["c"], "reason": "budget: max_trials reached (the next trial of minimality)"} \
+        in out["not_tried"]
+    assert {"knob": "b", "reason": "budget: max_trials reached before it was checked: kept"} in out["not_tried"]

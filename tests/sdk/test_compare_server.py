@@ -26,7 +26,10 @@ RECORDINGS: dict[str, tuple[list[str], str | None]] = {
     "flipped": (["--steps", "10"], "3:0:3.bias"),
     "short": (["--steps", "5"], None),
     "weights": (["--steps", "10", "--names", "*.weight"], None),
+    "no-op": (["--steps", "10"], None),
 }
+# name -> what its process's environment adds: a setting the preflight table knows (no NCCL release reads it)
+EXTRA_ENV = {"no-op": {"NCCL_DETERMINISTIC": "1"}}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, dic
         for name, (args, flip) in RECORDINGS.items():
             dirs[name] = tmp / name
             subprocess.run([sys.executable, str(SCRIPT), str(dirs[name]), *args], check=True, timeout=300,
-                           env={**clean, **({"DETLAB_TEST_FLIP": flip} if flip else {})})
+                           env={**clean, **({"DETLAB_TEST_FLIP": flip} if flip else {}), **EXTRA_ENV.get(name, {})})
             done = subprocess.run([sys.executable, "-m", "detlab.cli", "upload", str(dirs[name])],
                                   env={**clean, "DETLAB_SERVER": server.url,
                                        "DETLAB_TOKEN": env["DETLAB_INGEST_TOKEN"]},
@@ -81,3 +84,21 @@ def test_server_and_offline_give_one_verdict(stack: tuple[Stack, dict[str, Path]
     assert renamed == offline[1]["missing"]
     if verdict == "incomplete":
         assert offline[1]["missing"] == ["run 2 lacks 5 of 10 steps (5-9)"]
+
+
+def test_server_and_offline_print_the_preflight_findings_each_run_recorded(
+        stack: tuple[Stack, dict[str, Path], dict[str, int]]) -> None:
+    server, dirs, ids = stack
+    env = {**os.environ, "DETLAB_TOKEN": server.env["DETLAB_INGEST_TOKEN"]}
+    offline = compare(str(dirs["a"]), str(dirs["no-op"]))
+    online = compare(str(ids["a"]), str(ids["no-op"]), "--server", server.url, env=env)
+    assert offline[0] == online[0] == 0  # a variable nothing reads changes no bit
+    assert offline[1]["preflight"] == online[1]["preflight"]
+    assert [(f["run"], f["ranks"], f["rule"], f["matched"]) for f in offline[1]["preflight"]] == [
+        ("b", [0], "nccl-no-op-variable", "NCCL_DETERMINISTIC=1")]
+    texts = [subprocess.run([sys.executable, "-m", "detlab.cli", "compare", *args], capture_output=True, text=True,
+                            timeout=120, env=env).stdout.splitlines()
+             for args in ([str(dirs["a"]), str(dirs["no-op"])],
+                          [str(ids["a"]), str(ids["no-op"]), "--server", server.url])]
+    line = "  preflight, run B (rank 0): NCCL_DETERMINISTIC=1 — no NCCL release reads this variable"
+    assert texts[0] == texts[1] and any(t.startswith(line) for t in texts[0]), texts

@@ -257,3 +257,21 @@ def test_ranks_come_from_the_torchrun_environment(tmp_path: Path, monkeypatch: p
         rec.step(0, make_model())
     assert (tmp_path / "a" / "rank3.jsonl").exists() and not (tmp_path / "a" / "run.json").exists()
     assert lines(tmp_path / "a", 3)[0]["rank"] == 3
+
+
+def test_warn_only_is_found_at_the_start_warned_recorded_and_training_goes_on(tmp_path: Path) -> None:
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"detlab preflight \(deterministic-warn-only\)"):
+            train(tmp_path / "a", steps=2)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    env = lines(tmp_path / "a")[0]
+    assert [f["rule"] for f in env["preflight"]] == ["deterministic-warn-only"]
+    assert env["preflight"][0]["fix"].startswith("torch.use_deterministic_algorithms(True)")
+    assert [r["type"] for r in lines(tmp_path / "a")].count("step") == 2  # recorded, not stopped
+
+
+def test_a_clean_process_records_an_empty_preflight(tmp_path: Path) -> None:
+    train(tmp_path / "a", steps=1)
+    assert lines(tmp_path / "a")[0]["preflight"] == []  # checked, nothing found (None would be: not checked)
