@@ -358,3 +358,28 @@ def warm_up() -> None:
     drift_figure({"drift": {"available": True, "points": [[0, 0.0], [1, 1e-7]], "loss_delta": [[1, 1e-6]],
                             "rounding_level": 2.0**-23, "dtype": "float32", "verdict": "", "k": 16}})
 
+
+
+def loss_figure(pair: dict[str, Any]) -> dict[str, Any]:
+    """The loss per step of a compared pair's runs: A and B, or one curve when a run is compared with itself
+    (a recording's own page). Steps with a non-finite or no loss are left out."""
+    loss = pair.get("loss") or {}
+    same = pair.get("run_a") is not None and pair.get("run_a") == pair.get("run_b")
+    fig = go.Figure()
+    sides = [("a", f"run #{pair.get('run_a')}", COLOR_A)] if same else [
+        ("a", f"A: run #{pair.get('run_a')}", COLOR_A), ("b", f"B: run #{pair.get('run_b')}", COLOR_B)]
+    for side, name, colour in sides:
+        points = _loss_points(loss.get(side))
+        fig.add_trace(go.Scatter(x=list(points), y=list(points.values()), name=name, mode="lines+markers",
+                                 line={"color": colour}, marker={"size": 4},
+                                 hovertemplate="step %{x}: loss %{y:.6g}<extra>" + name + "</extra>"))
+    fig.update_layout(
+        title={"text": "Loss per step"},
+        template="plotly_white",
+        xaxis={"title": {"text": "step"}},
+        yaxis={"title": {"text": "loss"}},
+        height=300,
+        margin={"l": 60, "r": 30, "t": 50, "b": 40},
+        showlegend=not same,
+    )
+    return _as_dict(fig)

@@ -291,3 +291,13 @@ def test_divergence_heatmap_of_a_result_without_a_map_is_empty() -> None:
     from detlab.backend.figures.train import divergence_figure
 
     assert divergence_figure(make_comparison())["data"] == []
+
+
+def test_a_run_compared_with_itself_has_one_loss_curve_and_a_pair_two() -> None:
+    from detlab.backend.figures.train import loss_figure
+
+    loss = {"a": [[0, 2.0], [1, 1.5], [2, float("nan")]], "b": [[0, 2.0], [1, 1.25]]}
+    [own] = loss_figure({"run_a": 7, "run_b": 7, "loss": loss})["data"]
+    assert (own["x"], own["y"], own["name"]) == ([0, 1], [2.0, 1.5], "run #7")  # a non-finite loss left out
+    pair = loss_figure({"run_a": 7, "run_b": 8, "loss": loss})["data"]
+    assert [t["name"] for t in pair] == ["A: run #7", "B: run #8"] and pair[1]["y"] == [2.0, 1.25]

@@ -177,3 +177,9 @@ def test_a_recording_has_no_spec_and_no_rerun_but_says_why(client: TestClient) -
     for resp in (client.get(f"/api/v1/jobs/{job_id}/spec"), client.post(f"/api/v1/jobs/{job_id}/rerun")):
         assert resp.status_code == 409, resp.text
         assert "recording" in resp.json()["detail"] and "run the script again" in resp.json()["detail"]
+
+
+def test_the_jobs_list_names_each_recording(client: TestClient) -> None:
+    client.post("/api/v1/ingest/recordings", json=opening(), headers=AUTH)
+    [item] = client.get("/api/v1/jobs").json()["items"]
+    assert (item["kind"], item["name"], item["tags"]) == ("recording", "nightly", ["ci", "sdk"])
