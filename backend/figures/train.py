@@ -78,12 +78,17 @@ def count_dtick(max_count: int) -> int | None:
 def _title(comparison: dict[str, Any]) -> str:
     verdict = comparison.get("verdict")
     compared = comparison.get("steps_compared") or 0
+    # The step range beside the count: a train job of N steps records N + 1 states (step 0, the weights before
+    # training), so "11 steps" alone reads wrong for a 10-step job.
+    steps = [int(p["step"]) for p in comparison.get("per_step") or []]
+    span = f" ({min(steps)}–{max(steps)})" if steps and compared > 1 else ""
+    recorded = f"{compared} recorded {'step' if compared == 1 else 'steps'}{span}"
     if verdict == "identical":
-        return f"Identical: all {compared} compared steps are bit-equal"
+        return f"Identical: all {recorded} are bit-equal"
     if verdict == "diverged":
         step = comparison.get("first_divergent_step")
         differing = comparison.get("steps_differing") or 0
-        return f"Diverged at step {step}: {differing} of {compared} steps differ"
+        return f"Diverged at step {step}: {differing} of {recorded} differ"
     reason = comparison.get("reason") or "no reason given"
     return f"Incomparable: {plain(reason)}"
 
@@ -296,7 +301,8 @@ def throughput_figure(comparison: dict[str, Any]) -> dict[str, Any]:
             yshift=4,
         )
     fig.update_layout(
-        title={"text": "Throughput (median, interquartile range of steps)"},
+        # Short enough for the half-width chart beside the table; what the bars mean goes in the subtitle.
+        title={"text": "Throughput<br><sup>median samples/s, IQR of steps</sup>"},
         template="plotly_white",
         yaxis={"title": {"text": "samples/s"}, "rangemode": "tozero"},
         height=340,
@@ -325,17 +331,21 @@ def divergence_figure(comparison: dict[str, Any]) -> dict[str, Any]:
         ranks = rank_sets[ranks_at] if ranks_at < len(rank_sets) else []
         z[row][column[step]] = len(ranks) if per_rank else 1
         text[row][column[step]] = _ranks_text(ranks) if per_rank else "differs (ranks not matched: rank consensus)"
+    most_ranks = max([len(r) for r in rank_sets] + [1])
     fig = go.Figure()
     if steps:
         fig.add_trace(go.Heatmap(
             x=[str(s) for s in steps], y=[plain(t) for t in tensors], z=z, text=text, name="differing ranks",
             # Colour by how many ranks differ, on a whole-number scale from none to the most seen.
-            colorscale=[[0, "#fcbba1"], [1, COLOR_DIFF]], zmin=0, xgap=1, ygap=1,
-            zmax=max([len(r) for r in rank_sets] + [1]) if per_rank else 1, showscale=per_rank,
-            colorbar={"title": {"text": "ranks"}, "thickness": 12,
-                      "dtick": count_dtick(max([len(r) for r in rank_sets] + [1]))},
+            # A colour bar only where colours differ: with one rank (or rank consensus) every coloured cell
+            # means the same, "differs", which the title says; a 0-1 "ranks" bar would mean nothing.
+            colorscale=[[0, "#fcbba1"], [1, COLOR_DIFF]], zmin=1 if most_ranks > 1 else 0, xgap=1, ygap=1,
+            zmax=most_ranks if per_rank else 1, showscale=per_rank and most_ranks > 1,
+            colorbar={"title": {"text": "differing ranks"}, "thickness": 12, "dtick": count_dtick(most_ranks)},
             hovertemplate="step %{x} · %{y}<br>%{text}<extra></extra>"))
     title = "Where the runs differ: tensor × step"
+    if steps and not (per_rank and most_ranks > 1):
+        title += "<br><sup>a coloured cell: that tensor differs at that step</sup>"
     if found.get("note"):
         title += f"<br><sup>{plain(found['note'])}</sup>"
     fig.update_layout(
