@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--optimizer-state", action="store_true")
     parser.add_argument("--server")
     parser.add_argument("--name")
+    parser.add_argument("--tags", nargs="*", default=[])
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--no-drift", dest="drift", action="store_false")
     args = parser.parse_args()
@@ -64,7 +65,7 @@ def main() -> None:
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
     rec = detlab.Recorder(out=None if args.out == "-" else args.out, server=args.server, name=args.name,
-                          every=args.every, names=args.names, grads=args.grads, buffers=args.buffers,
+                          tags=args.tags, every=args.every, names=args.names, grads=args.grads, buffers=args.buffers,
                           optimizer=opt if args.optimizer_state else None, drift=args.drift)
     share = GLOBAL_BATCH // world
     for step in range(args.steps):
