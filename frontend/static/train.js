@@ -162,7 +162,7 @@
       case "identical":
         return `Identical: all ${comparedText(job, cmp)} are bit-equal`;
       case "diverged":
-        return `Diverged at step ${cmp.first_divergent_step}: ${cmp.steps_differing ?? 0} of ${comparedText(job, cmp)} differ`;
+        return `Diverged at step ${cmp.first_divergent_step}: ${cmp.steps_differing ?? 0} of the ${cmp.steps_compared ?? 0} compared (${comparedText(job, cmp)}) differ`;
       case "incomplete": {
         const missing = cmp.missing || [];
         return `Incomplete: ${missing.length ? `missing ${missing.join("; ")}` : cmp.reason || "the runs did not record every step"}`;

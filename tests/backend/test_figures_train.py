@@ -242,7 +242,9 @@ def test_throughput_error_bars_come_from_spread() -> None:
 def test_throughput_annotates_cost_per_config() -> None:
     notes = throughput_figure(make_comparison())["layout"]["annotations"]
 
-    assert [a["text"] for a in notes] == ["baseline", "19.0% slower (95% CI 17.0% to 21.0%)"]
+    # the interval in the hover: written over a half-width bar chart it was cut off
+    assert [a["text"] for a in notes] == ["baseline", "19.0% slower"]
+    assert notes[1]["hovertext"] == "19.0% slower (95% CI 17.0% to 21.0%)"
 
 
 def test_throughput_skips_configs_without_measurement() -> None:

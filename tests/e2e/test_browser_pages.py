@@ -85,7 +85,7 @@ def test_a_diverged_jobs_page_gives_the_answer_first(embedded: Stack, tmp_path: 
         errors = watch(page)
         page.goto(f"{embedded.url}/jobs/{job['id']}")
         # the count adds up: 3 steps, and step 0 holds the weights before training
-        expect(page.locator("#verdict-banner")).to_contain_text("of 3 steps and the initial weights differ",
+        expect(page.locator("#verdict-banner")).to_contain_text("of the 4 compared (3 steps and the initial weights)",
                                                                 timeout=60_000)
         expect(page.locator("#why li.why-item").first).to_be_visible(timeout=60_000)
         page.wait_for_function("() => (document.getElementById('divergence-map').data || []).length > 0",
