@@ -112,6 +112,7 @@ class JobSummary(BaseModel):
     tags: list[str]
     submitter: str | None
     queue: str
+    name: str | None = None  # a recording's (detlab.Recorder(name=...)): what its user calls it
 
 
 JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)

@@ -11,6 +11,7 @@ from sqlalchemy.orm import selectinload
 
 from detlab.backend.api.deps import Limit, Offset, SessionDep
 from detlab.backend.figures import drift as drift_figures
+from detlab.backend.figures import train as train_figures
 from detlab.backend.kinds.registry import KINDS
 from detlab.backend.models import Config, Job, JobTag, Run
 from detlab.backend.reports import pair
@@ -66,6 +67,13 @@ def compare_drift_figure(a: RunQuery, b: RunQuery, session: SessionDep) -> dict[
     """‖A−B‖/‖A‖ per sampled step (estimated from the recorded sketches) beside |Δloss|, with the rounding level."""
     run_a, run_b = _training_runs(session, a, b)
     return drift_figures.drift_figure(pair.build(session=session, run_a=run_a, run_b=run_b))
+
+
+@router.get("/compare/loss/figure", response_model=PlotlyFigure)
+def compare_loss_figure(a: RunQuery, b: RunQuery, session: SessionDep) -> dict[str, Any]:
+    """The loss per step of run A and run B; with a = b, that run's own curve (a recording's page)."""
+    run_a, run_b = _training_runs(session, a, b)
+    return train_figures.loss_figure(pair.build(session=session, run_a=run_a, run_b=run_b))
 
 
 @router.get("/compare/why", response_model=WhyReport)

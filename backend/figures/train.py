@@ -78,12 +78,17 @@ def count_dtick(max_count: int) -> int | None:
 def _title(comparison: dict[str, Any]) -> str:
     verdict = comparison.get("verdict")
     compared = comparison.get("steps_compared") or 0
+    # The step range beside the count: a train job of N steps records N + 1 states (step 0, the weights before
+    # training), so "11 steps" alone reads wrong for a 10-step job.
+    steps = [int(p["step"]) for p in comparison.get("per_step") or []]
+    span = f" ({min(steps)}–{max(steps)})" if steps and compared > 1 else ""
+    recorded = f"{compared} recorded {'step' if compared == 1 else 'steps'}{span}"
     if verdict == "identical":
-        return f"Identical: all {compared} compared steps are bit-equal"
+        return f"Identical: all {recorded} are bit-equal"
     if verdict == "diverged":
         step = comparison.get("first_divergent_step")
         differing = comparison.get("steps_differing") or 0
-        return f"Diverged at step {step}: {differing} of {compared} steps differ"
+        return f"Diverged at step {step}: {differing} of {recorded} differ"
     reason = comparison.get("reason") or "no reason given"
     return f"Incomparable: {plain(reason)}"
 
@@ -290,13 +295,16 @@ def throughput_figure(comparison: dict[str, Any]) -> dict[str, Any]:
             name=f"cost {row['config_index']}",
             x=label,
             y=max(hi, value),
-            text=row.get("cost_text") or "",
+            # the figure only ("84.1% slower"): the reason in brackets is the table's, and cut the bar chart
+            text=(row.get("cost_text") or "").split(" (")[0],
+            hovertext=row.get("cost_text") or "",
             showarrow=False,
             yanchor="bottom",
             yshift=4,
         )
     fig.update_layout(
-        title={"text": "Throughput (median, interquartile range of steps)"},
+        # Short enough for the half-width chart beside the table; what the bars mean goes in the subtitle.
+        title={"text": "Throughput<br><sup>median samples/s, IQR of steps</sup>"},
         template="plotly_white",
         yaxis={"title": {"text": "samples/s"}, "rangemode": "tozero"},
         height=340,
@@ -325,17 +333,21 @@ def divergence_figure(comparison: dict[str, Any]) -> dict[str, Any]:
         ranks = rank_sets[ranks_at] if ranks_at < len(rank_sets) else []
         z[row][column[step]] = len(ranks) if per_rank else 1
         text[row][column[step]] = _ranks_text(ranks) if per_rank else "differs (ranks not matched: rank consensus)"
+    most_ranks = max([len(r) for r in rank_sets] + [1])
     fig = go.Figure()
     if steps:
         fig.add_trace(go.Heatmap(
             x=[str(s) for s in steps], y=[plain(t) for t in tensors], z=z, text=text, name="differing ranks",
             # Colour by how many ranks differ, on a whole-number scale from none to the most seen.
-            colorscale=[[0, "#fcbba1"], [1, COLOR_DIFF]], zmin=0, xgap=1, ygap=1,
-            zmax=max([len(r) for r in rank_sets] + [1]) if per_rank else 1, showscale=per_rank,
-            colorbar={"title": {"text": "ranks"}, "thickness": 12,
-                      "dtick": count_dtick(max([len(r) for r in rank_sets] + [1]))},
+            # A colour bar only where colours differ: with one rank (or rank consensus) every coloured cell
+            # means the same, "differs", which the title says; a 0-1 "ranks" bar would mean nothing.
+            colorscale=[[0, "#fcbba1"], [1, COLOR_DIFF]], zmin=1 if most_ranks > 1 else 0, xgap=1, ygap=1,
+            zmax=most_ranks if per_rank else 1, showscale=per_rank and most_ranks > 1,
+            colorbar={"title": {"text": "differing ranks"}, "thickness": 12, "dtick": count_dtick(most_ranks)},
             hovertemplate="step %{x} · %{y}<br>%{text}<extra></extra>"))
     title = "Where the runs differ: tensor × step"
+    if steps and not (per_rank and most_ranks > 1):
+        title += "<br><sup>a coloured cell: that tensor differs at that step</sup>"
     if found.get("note"):
         title += f"<br><sup>{plain(found['note'])}</sup>"
     fig.update_layout(
@@ -358,3 +370,28 @@ def warm_up() -> None:
     drift_figure({"drift": {"available": True, "points": [[0, 0.0], [1, 1e-7]], "loss_delta": [[1, 1e-6]],
                             "rounding_level": 2.0**-23, "dtype": "float32", "verdict": "", "k": 16}})
 
+
+
+def loss_figure(pair: dict[str, Any]) -> dict[str, Any]:
+    """The loss per step of a compared pair's runs: A and B, or one curve when a run is compared with itself
+    (a recording's own page). Steps with a non-finite or no loss are left out."""
+    loss = pair.get("loss") or {}
+    same = pair.get("run_a") is not None and pair.get("run_a") == pair.get("run_b")
+    fig = go.Figure()
+    sides = [("a", f"run #{pair.get('run_a')}", COLOR_A)] if same else [
+        ("a", f"A: run #{pair.get('run_a')}", COLOR_A), ("b", f"B: run #{pair.get('run_b')}", COLOR_B)]
+    for side, name, colour in sides:
+        points = _loss_points(loss.get(side))
+        fig.add_trace(go.Scatter(x=list(points), y=list(points.values()), name=name, mode="lines+markers",
+                                 line={"color": colour}, marker={"size": 4},
+                                 hovertemplate="step %{x}: loss %{y:.6g}<extra>" + name + "</extra>"))
+    fig.update_layout(
+        title={"text": "Loss per step"},
+        template="plotly_white",
+        xaxis={"title": {"text": "step"}},
+        yaxis={"title": {"text": "loss"}},
+        height=300,
+        margin={"l": 60, "r": 30, "t": 50, "b": 40},
+        showlegend=not same,
+    )
+    return _as_dict(fig)

@@ -19,7 +19,7 @@ from detlab.backend.schemas import JobsQuery
 SORT_COLUMNS: dict[str, Any] = {"created": Job.id, "id": Job.id, "status": Job.status,
                                 "verdict": Job.verdict, "workload": Job.workload, "kind": Job.kind}
 _LISTED = (Job.id, Job.kind, Job.workload, Job.status, Job.created_at, Job.world_size, Job.steps, Job.repeats,
-           Job.verdict, Job.tags, Job.submitter, Job.queue)
+           Job.verdict, Job.tags, Job.submitter, Job.queue, Job.params["name"].as_string().label("name"))
 _JOB_ID = re.compile(r"#?(\d{1,9})")
 
 

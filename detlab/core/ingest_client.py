@@ -59,7 +59,7 @@ class IngestClient:
     instead keeps trying until that long has passed since the first try, so that a worker rides out a database or
     API outage with its records in the spool."""
 
-    def __init__(self, api_url: str, token: str, *, retries: int = 8, timeout_s: float = 30.0,
+    def __init__(self, api_url: str, token: str | None, *, retries: int = 8, timeout_s: float = 30.0,
                  retry_for_s: float | None = None) -> None:
         self._http = http.connect(api_url, token, timeout_s=timeout_s)
         self._retries, self._retry_for_s = retries, retry_for_s

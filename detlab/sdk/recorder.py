@@ -187,8 +187,6 @@ class Recorder:
         if name is not None and len(name) > 255:
             raise ValueError("name is at most 255 characters")
         self._position = position_of(position)
-        if server is not None:
-            upload.resolve_token(token)  # no token: say so now, not at the first step
         import torch  # the SDK's one heavy import, here rather than at `import detlab`
 
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):

@@ -65,13 +65,11 @@ def recording_id_of(out: Path, manifest: store.Manifest) -> str:
     return hashlib.sha256(f"{manifest.started.isoformat()}\0{manifest.name}".encode()).hexdigest()[:32]
 
 
-def resolve_token(token: str | None) -> str:
-    """`token`, else DETLAB_TOKEN: an API token with scope ingest, or the server's ingest token."""
-    token = token or os.environ.get("DETLAB_TOKEN")
-    if not token:
-        raise ValueError("sending records needs a token: token=... or DETLAB_TOKEN (an API token with scope "
-                         "'ingest', `detlab token create`, or the server's DETLAB_INGEST_TOKEN)")
-    return token
+def resolve_token(token: str | None) -> str | None:
+    """`token`, else DETLAB_TOKEN: an API token with scope ingest, or the server's ingest token. None when
+    neither is set: a server in auth mode none (`detlab up`, loopback only) takes records without one, any
+    other answers 401 and says what to send."""
+    return token or os.environ.get("DETLAB_TOKEN") or None
 
 
 def client(server: str, token: str | None, *, retries: int = 2) -> IngestClient:

@@ -197,14 +197,19 @@ window.detlab = (() => {
       if (links.length) links.push(" · ");
       links.push(el("a", { href: link.href, className: "why-link", text: link.text }));
     }
-    return el("li", { className: `why-item why-${item.status}`, "data-key": item.key, "data-status": item.status },
-      el("div", { className: "why-head" },
+    // One line per item (its title and what was found, cut to the width); a failing item comes open, the
+    // others open on a click: the answer is above the checklist, the checklist says why.
+    const fold = el("details", { className: "why-fold" },
+      el("summary", { className: "why-head" },
         el("span", { className: "why-mark", "aria-hidden": "true", text: WHY_MARKS[item.status] || "?" }),
         el("strong", { text: item.title }),
+        el("span", { className: "why-line muted", text: item.found }),
         el("span", { className: "why-status", text: WHY_WORDS[item.status] || item.status })),
       el("div", { className: "why-found", text: item.found }),
       links.length ? el("div", { className: "why-evidence muted small" }, "evidence: ", ...links) : null,
       item.details.length ? whyDetails(item) : null);
+    fold.open = item.status === "fail";
+    return el("li", { className: `why-item why-${item.status}`, "data-key": item.key, "data-status": item.status }, fold);
   }
 
   // The checklist into `container`: a note when the pair did not diverge, then one item per step.

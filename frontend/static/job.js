@@ -101,7 +101,8 @@
       job.created_at ? `created ${formatTime(job.created_at)}` : null,
     ].filter(Boolean).join(" · ");
 
-    const progress = Math.min(Math.max(Number(job.progress) || 0, 0), 1);
+    // A succeeded job is done, whatever its runs were sized for (a recording's steps are its own: sized 0).
+    const progress = job.status === "succeeded" ? 1 : Math.min(Math.max(Number(job.progress) || 0, 0), 1);
     const bar = $("progress");
     bar.value = progress;
     bar.setAttribute("aria-valuenow", String(progress));
@@ -117,7 +118,7 @@
         el("td", { text: jobConfigLabel(job, run.config_index) }),
         el("td", { className: "num", text: run.repeat }),
         el("td", {}, badge(run.status)),
-        el("td", { className: "num", text: `${run.steps_done ?? 0}/${run.steps_total ?? "?"}` }),
+        el("td", { className: "num", text: run.steps_total ? `${run.steps_done ?? 0}/${run.steps_total}` : `${run.steps_done ?? 0}` }),
         el("td", { className: "num", text: run.attempt ?? "" }),
         el("td", { text: run.node || "—" }),
         el("td", {}, run.error ? el("pre", { className: "error-tail", text: errorTail(run.error) }) : "")

@@ -81,7 +81,9 @@
       {},
       el("td", {}, el("a", { href, text: `#${job.id}` })),
       el("td", { text: job.kind }),
-      el("td", { text: job.workload }),
+      // A recording is known by the name its script gave it (detlab.Recorder(name=...)), its workload is "sdk".
+      el("td", {}, job.name ? el("a", { href, className: "run-name", text: job.name }) : job.workload,
+        job.name ? el("span", { className: "muted small", text: ` ${job.workload}` }) : ""),
       el("td", {}, el("a", { href, text: configs || "—" })),
       el("td", {}, tagChips(job.tags, (tag) => filterOn("tag", tag))),
       el("td", {}, badge(job.status)),

@@ -148,12 +148,21 @@
 
   // ---- the verdict banner in the header ----------------------------------------------------------
 
-  function headline(cmp) {
+  // What was compared, in the job's own count: a train job of N steps records step 0 (the weights before the
+  // first update) and steps 1..N, so N + 1 states for N steps; any other run's steps are its own.
+  function comparedText(job, cmp) {
+    const n = cmp.steps_compared ?? 0;
+    const ownSteps = job.kind === "train" && !(job.params && job.params.script) && n === job.steps + 1;
+    return ownSteps ? `${job.steps} ${job.steps === 1 ? "step" : "steps"} and the initial weights`
+      : `${n} recorded ${n === 1 ? "step" : "steps"}`;
+  }
+
+  function headline(job, cmp) {
     switch (cmp.verdict) {
       case "identical":
-        return `Identical: all ${cmp.steps_compared ?? 0} compared steps are bit-equal`;
+        return `Identical: all ${comparedText(job, cmp)} are bit-equal`;
       case "diverged":
-        return `Diverged at step ${cmp.first_divergent_step}: ${cmp.steps_differing ?? 0} of ${cmp.steps_compared ?? 0} steps differ`;
+        return `Diverged at step ${cmp.first_divergent_step}: ${cmp.steps_differing ?? 0} of the ${cmp.steps_compared ?? 0} compared (${comparedText(job, cmp)}) differ`;
       case "incomplete": {
         const missing = cmp.missing || [];
         return `Incomplete: ${missing.length ? `missing ${missing.join("; ")}` : cmp.reason || "the runs did not record every step"}`;
@@ -196,7 +205,7 @@
       if (t.config_index > 0 && t.cost_text) facts.push([`Cost ${jobConfigLabel(job, t.config_index)}`, t.cost_text]);
     }
     if (pairwise) {
-      showVerdict(cmp.verdict || "incomparable", headline(cmp), facts);
+      showVerdict(cmp.verdict || "incomparable", headline(job, cmp), facts);
     } else {
       const [verdict, line] = singleVerdict(repro);
       showVerdict(verdict, line, facts);
@@ -302,6 +311,7 @@
     $("comparison").hidden = false;
     $("comparison-title").textContent = pairwise ? "Comparison" : "Reproducibility";
     $("pairwise").hidden = !pairwise;
+    $("pairwise-detail").hidden = !pairwise;
     $("verdict").hidden = !pairwise;
     $("note").hidden = true;
     if (pairwise) renderFacts(cmp);

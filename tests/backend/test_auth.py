@@ -334,3 +334,11 @@ def test_the_servers_ingest_token_opens_an_sdk_recording_in_local_mode(client: T
     resp = client.post("/api/v1/ingest/recordings", json=opening(),
                        headers={"Authorization": f"Bearer {INGEST_TOKEN}"})
     assert resp.status_code == 200, resp.text
+
+
+def test_a_recording_without_a_token_in_local_mode_is_told_how_to_get_one(client: TestClient) -> None:
+    from tests.backend.test_recordings import opening
+
+    resp = client.post("/api/v1/ingest/recordings", json=opening())
+    assert resp.status_code == 401
+    assert "detlab token create" in resp.json()["detail"]

@@ -118,7 +118,7 @@ def test_identical_title_says_identical() -> None:
 def test_diverged_title_gives_step_and_count() -> None:
     title = comparison_figure(make_comparison())["layout"]["title"]["text"]
 
-    assert title == "Diverged at step 2: 3 of 5 steps differ"
+    assert title == "Diverged at step 2: 3 of 5 recorded steps (0–4) differ"
 
 
 def test_incomparable_title_carries_reason_and_has_no_marker() -> None:
@@ -242,7 +242,9 @@ def test_throughput_error_bars_come_from_spread() -> None:
 def test_throughput_annotates_cost_per_config() -> None:
     notes = throughput_figure(make_comparison())["layout"]["annotations"]
 
-    assert [a["text"] for a in notes] == ["baseline", "19.0% slower (95% CI 17.0% to 21.0%)"]
+    # the interval in the hover: written over a half-width bar chart it was cut off
+    assert [a["text"] for a in notes] == ["baseline", "19.0% slower"]
+    assert notes[1]["hovertext"] == "19.0% slower (95% CI 17.0% to 21.0%)"
 
 
 def test_throughput_skips_configs_without_measurement() -> None:
@@ -291,3 +293,36 @@ def test_divergence_heatmap_of_a_result_without_a_map_is_empty() -> None:
     from detlab.backend.figures.train import divergence_figure
 
     assert divergence_figure(make_comparison())["data"] == []
+
+
+def test_a_run_compared_with_itself_has_one_loss_curve_and_a_pair_two() -> None:
+    from detlab.backend.figures.train import loss_figure
+
+    loss = {"a": [[0, 2.0], [1, 1.5], [2, float("nan")]], "b": [[0, 2.0], [1, 1.25]]}
+    [own] = loss_figure({"run_a": 7, "run_b": 7, "loss": loss})["data"]
+    assert (own["x"], own["y"], own["name"]) == ([0, 1], [2.0, 1.5], "run #7")  # a non-finite loss left out
+    pair = loss_figure({"run_a": 7, "run_b": 8, "loss": loss})["data"]
+    assert [t["name"] for t in pair] == ["A: run #7", "B: run #8"] and pair[1]["y"] == [2.0, 1.25]
+
+
+def test_the_tensor_step_map_has_a_colour_bar_only_when_colours_differ() -> None:
+    from detlab.backend.figures.train import divergence_figure
+
+    def trace(rank_sets: list[list[int]]) -> dict:
+        found = {"steps": [3], "tensors": ["w", "b"], "mode": "per-rank", "rank_sets": rank_sets,
+                 "cells": [[3, 0, 0], [3, 1, len(rank_sets) - 1]]}
+        return divergence_figure({"divergence_map": found})["data"][0]
+
+    one_rank = trace([[0]])  # world size 1: every coloured cell means "differs"; a 0-1 "ranks" bar meant nothing
+    assert one_rank["showscale"] is False
+    two_ranks = trace([[0], [0, 1]])
+    assert two_ranks["showscale"] is True and (two_ranks["zmin"], two_ranks["zmax"]) == (1, 2)
+    assert two_ranks["colorbar"]["title"]["text"] == "differing ranks"
+
+
+def test_the_throughput_title_fits_its_half_width_chart() -> None:
+    from detlab.backend.figures.train import throughput_figure
+
+    title = throughput_figure({"throughput": [{"config_index": 0, "samples_per_s": 1.0}]})["layout"]["title"]["text"]
+    # the chart is about 450 px wide beside its table; Plotly does not wrap a title, it cuts it
+    assert len(title.split("<br>")[0]) <= 30

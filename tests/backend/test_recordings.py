@@ -45,6 +45,20 @@ def test_every_rank_and_retry_opens_the_same_run(client: TestClient, session: Se
         ("recording", "sdk", "running", ["ci", "sdk"], "nightly")
 
 
+def test_in_auth_mode_none_a_recording_streams_without_a_token(client: TestClient, session: Session) -> None:
+    """The embedded default (auth none, loopback only): `detlab.Recorder(server=...)` needs no set-up."""
+    opened = client.post("/api/v1/ingest/recordings", json=opening(world_size=1))
+    assert opened.status_code == 200, opened.text
+    run_id, attempt = opened.json()["run_id"], opened.json()["attempt"]
+    batch = {"attempt": attempt, "records": [tensors(), step(0, 0)]}
+    assert client.post(f"/api/v1/ingest/runs/{run_id}/records", json=batch).status_code == 200
+    assert client.post(f"/api/v1/ingest/runs/{run_id}/close", json={"rank": 0, "status": "succeeded"}).json() == \
+        {"status": "succeeded"}
+    # a token that is sent is still checked
+    wrong = client.post("/api/v1/ingest/recordings", json=opening(), headers={"Authorization": "Bearer wrong"})
+    assert wrong.status_code == 401
+
+
 def test_a_recording_is_fed_closed_by_every_rank_and_then_judged(client: TestClient, session: Session) -> None:
     opened = client.post("/api/v1/ingest/recordings", json=opening(), headers=AUTH).json()
     run_id, attempt = opened["run_id"], opened["attempt"]
@@ -97,10 +111,6 @@ def test_reopening_with_another_world_size_is_a_409(client: TestClient) -> None:
     client.post("/api/v1/ingest/recordings", json=opening(), headers=AUTH)
     resp = client.post("/api/v1/ingest/recordings", json=opening(world_size=4), headers=AUTH)
     assert resp.status_code == 409 and "world_size 2" in resp.json()["detail"]
-
-
-def test_recordings_need_the_ingest_token(client: TestClient) -> None:
-    assert client.post("/api/v1/ingest/recordings", json=opening()).status_code == 401
 
 
 def test_a_workers_run_cannot_be_closed_as_a_recording(client: TestClient, session: Session,
@@ -167,3 +177,9 @@ def test_a_recording_has_no_spec_and_no_rerun_but_says_why(client: TestClient) -
     for resp in (client.get(f"/api/v1/jobs/{job_id}/spec"), client.post(f"/api/v1/jobs/{job_id}/rerun")):
         assert resp.status_code == 409, resp.text
         assert "recording" in resp.json()["detail"] and "run the script again" in resp.json()["detail"]
+
+
+def test_the_jobs_list_names_each_recording(client: TestClient) -> None:
+    client.post("/api/v1/ingest/recordings", json=opening(), headers=AUTH)
+    [item] = client.get("/api/v1/jobs").json()["items"]
+    assert (item["kind"], item["name"], item["tags"]) == ("recording", "nightly", ["ci", "sdk"])

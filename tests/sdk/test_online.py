@@ -51,16 +51,19 @@ def server(tmp_path: Path) -> Iterator[Stack]:
         stack.stop()
 
 
-def script_env(stack: Stack, tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["DETLAB_TOKEN"] = stack.env["DETLAB_INGEST_TOKEN"]
+def script_env(stack: Stack, tmp_path: Path, token: bool = True) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DETLAB_TOKEN")}
+    if token:
+        env["DETLAB_TOKEN"] = stack.env["DETLAB_INGEST_TOKEN"]
     env["DETLAB_SPOOL_DIR"] = str(tmp_path / "spool")
     return env
 
 
-def train(stack: Stack, tmp_path: Path, out: str, *args: str, ranks: int = 1) -> subprocess.Popen[str]:
+def train(stack: Stack, tmp_path: Path, out: str, *args: str, ranks: int = 1,
+          token: bool = True) -> subprocess.Popen[str]:
     launch = [sys.executable] if ranks == 1 else [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)]
-    return subprocess.Popen([*launch, str(SCRIPT), out, "--server", stack.url, *args], env=script_env(stack, tmp_path),
+    return subprocess.Popen([*launch, str(SCRIPT), out, "--server", stack.url, *args],
+                            env=script_env(stack, tmp_path, token),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -82,7 +85,8 @@ def stored(stack: Stack) -> dict[int, tuple[str, str, int, int]]:
 
 
 def test_a_run_streams_to_the_server_and_is_kept_locally(server: Stack, tmp_path: Path) -> None:
-    finished(train(server, tmp_path, str(tmp_path / "a"), "--name", "online", "--steps", "5"))
+    # no token: the server is in auth mode none (the embedded default), where a local recording needs no set-up
+    finished(train(server, tmp_path, str(tmp_path / "a"), "--name", "online", "--steps", "5", token=False))
     assert stored(server) == {1: ("recording", "succeeded", 1, 5)}
     found = httpx.get(f"{server.url}/api/v1/jobs", timeout=10).json()["items"]
     assert [(j["kind"], j["status"], j["workload"]) for j in found] == [("recording", "succeeded", "sdk")]

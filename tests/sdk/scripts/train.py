@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--server")
     parser.add_argument("--name")
     parser.add_argument("--hold", action="append", default=[], metavar="STEP:FILE")
+    parser.add_argument("--tags", nargs="*", default=[])
     parser.add_argument("--no-drift", dest="drift", action="store_false")
     args = parser.parse_args()
 
@@ -65,7 +66,7 @@ def main() -> None:
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
     rec = detlab.Recorder(out=None if args.out == "-" else args.out, server=args.server, name=args.name,
-                          every=args.every, names=args.names, grads=args.grads, buffers=args.buffers,
+                          tags=args.tags, every=args.every, names=args.names, grads=args.grads, buffers=args.buffers,
                           optimizer=opt if args.optimizer_state else None, drift=args.drift)
     share = GLOBAL_BATCH // world
     holds = {int(step): Path(file) for step, file in (h.split(":", 1) for h in args.hold)}
