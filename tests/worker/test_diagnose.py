@@ -10,7 +10,7 @@ import torch
 from torch._prims_common import alert_not_deterministic
 
 from detlab.core import diagnosis
-from detlab.worker.diagnose.audit import alert, audit_step, trace_step
+from detlab.tensors.audit import alert, audit_step, trace_step
 from detlab.worker.diagnose.batch_invariance import OP_FUNCS, Inputs, max_ulp, model_invariance, op_invariance
 from detlab.worker.workloads import registry
 
