@@ -158,6 +158,9 @@ class DiagnosisSpec(Wire):
 
 
 RunKind = Literal["train", "collective", "batch-invariance", "op-audit"]
+# The runs a registered script can be: training (its detlab.Recorder records) and an op audit (it calls
+# detlab.audit(step), which records under the worker).
+SCRIPT_RUN_KINDS: tuple[RunKind, ...] = ("train", "op-audit")
 
 
 class RunPlan(Wire):

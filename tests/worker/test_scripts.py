@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 
 from detlab.core.configs import TorchFlags
-from detlab.core.wire import RankSpec, RunSpec, StepRecord, TensorsRecord
+from detlab.core.wire import AuditOpRecord, DiagnosisSpec, RankSpec, RunSpec, StepRecord, TensorsRecord
+from detlab.worker.diagnose.cli import audit_result
 from detlab.worker.launch import launch_ranks
 from detlab.worker.runner import child_env, script_env
 from detlab.worker.scripts import ScriptsError, load
+from tests.sdk.test_docs import examples
 
 SCRIPT = Path(__file__).resolve().parents[1] / "sdk" / "scripts" / "train.py"
+
 
 
 def scripts_file(tmp_path: Path, body: str) -> Path:
@@ -88,3 +91,27 @@ def test_a_scripts_ranks_record_into_the_workers_spool_under_the_configs_flags(t
     assert all(e.torch_flags and e.torch_flags.deterministic_algorithms for e in envs)  # its flags, applied
     assert not (tmp_path / "ignored").exists()  # out= gave way to the worker's folder
     assert os.environ.get("DETLAB_RUN_DIR") is None  # the worker's own environment is untouched
+
+
+def test_a_scripts_op_audit_records_its_step_s_ops_into_the_workers_spool_under_the_job_s_settings(
+        tmp_path: Path) -> None:
+    spec = RunSpec(run_id=2, attempt=1, workload="sdk-audit", kind="op-audit", world_size=1, steps=1,
+                   diagnosis=DiagnosisSpec(reruns=3, calls_per_op=1), torch=TorchFlags(deterministic_algorithms=True))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    got: list = []
+
+    def env(rank: int) -> dict[str, str]:
+        base = {k: v for k, v in child_env(spec, rank, folder).items() if not k.startswith("DETLAB_")}
+        return {**base, **script_env(spec, folder)}
+
+    (tmp_path / "audit_step.py").write_text(examples()["audit_step.py"])  # docs/sdk.md's example, as written
+    launch_ranks(RankSpec.for_run(spec, device="cpu"), folder, env=env, on_records=got.extend, timeout_s=300,
+                 argv=[sys.executable, "audit_step.py"], cwd=tmp_path)
+    ops = [r for r in got if isinstance(r, AuditOpRecord)]
+    assert {"aten.addmm", "aten.bernoulli_"} <= {r.op for r in ops}
+    assert all(r.nondeterministic is not True for r in ops)  # dropout's draw is the same draw on re-run
+    assert all(r.reruns in (0, 3) for r in ops) and any(r.reruns == 3 for r in ops)  # the job's re-runs
+    result = audit_result(got, RankSpec.for_run(spec, device="cpu"))
+    assert result["torch_flags"]["deterministic_algorithms"] is True  # the job's config, in effect
+    assert result["workload"] == "sdk-audit" and result["ops"]
