@@ -30,8 +30,7 @@ def check(data: DiagnosisCreate, bodies: list[configs.ConfigBody], workloads: di
         raise InvalidJob(f"a {data.kind} job runs one rank per config: world_size must be 1")
     if workload is not None and (workload not in workloads or (workloads[workload].script and not scripts)):
         known = sorted(name for name, info in workloads.items() if scripts or not info.script)
-        but = "" if scripts else " (registered scripts cannot be: use an op-audit, or detlab.audit in the script)"
-        raise InvalidJob(f"unknown workload {workload!r} for {data.kind}{but}; known: {known}")
+        raise InvalidJob(f"unknown workload {workload!r} for {data.kind}; known: {known}")
 
 
 class DiagnosisKind(Kind):

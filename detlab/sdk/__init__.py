@@ -12,12 +12,17 @@ from detlab.sdk.store import RecordsError, load_run
 
 if TYPE_CHECKING:
     from detlab.sdk.audit import audit
+    from detlab.sdk.invariance import batch_invariance
     from detlab.sdk.recorder import Recorder
 
-__all__ = ["Recorder", "audit", "RecordsError", "load_run"]
+__all__ = ["Recorder", "audit", "batch_invariance", "RecordsError", "load_run"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "batch_invariance":
+        from detlab.sdk.invariance import batch_invariance
+
+        return batch_invariance
     if name == "audit":
         from detlab.sdk.audit import audit
 

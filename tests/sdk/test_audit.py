@@ -71,3 +71,28 @@ def test_bad_arguments_are_refused_with_what_to_pass(kwargs: dict, message: str)
 def test_a_step_that_is_not_callable_is_refused() -> None:
     with pytest.raises(ValueError, match="callable taking no arguments"):
         detlab.audit(torch.zeros(1))  # type: ignore[arg-type]
+
+
+# --- detlab.batch_invariance -------------------------------------------------------------------------------
+
+class Center(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(0, keepdim=True)  # sample 0's output depends on the batch
+
+
+def test_batch_invariance_names_the_first_module_that_mixes_samples() -> None:
+    model = torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Tanh(), Center(), torch.nn.Tanh())
+    result = detlab.batch_invariance(model, lambda m, b: m(b[0]), torch.randn(4, 8), batch_sizes=[1, 2, 4])
+    assert (result["results"], result["summary"]) == ([], [])
+    assert result["model"] == {"workload": "Sequential", "batch_sizes": [1, 2, 4], "invariant": False,
+                               "first_module": "2", "first_break": 2}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((torch.nn.Tanh(), lambda m, b: m(b[0]), torch.randn(2, 8)), "at least that many"),
+    ((lambda x: x, lambda m, b: m(b[0]), torch.randn(8, 8)), "torch.nn.Module"),
+    ((torch.nn.Tanh(), lambda m, b: m(b[0]), [1, 2]), "samples first"),
+])
+def test_batch_invariance_refuses_bad_arguments(args: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        detlab.batch_invariance(*args, batch_sizes=[1, 4])

@@ -11,7 +11,7 @@ from torch._prims_common import alert_not_deterministic
 
 from detlab.core import diagnosis
 from detlab.tensors.audit import alert, audit_step, trace_step
-from detlab.worker.diagnose.batch_invariance import OP_FUNCS, Inputs, max_ulp, model_invariance, op_invariance
+from detlab.tensors.batch_invariance import OP_FUNCS, Inputs, max_ulp, model_invariance, op_invariance
 from detlab.worker.workloads import registry
 
 CONTENDED = 1 << 18  # values all added into 8 slots: threads race on the same targets

@@ -12,7 +12,7 @@ import pytest
 
 from detlab.core.configs import TorchFlags
 from detlab.core.wire import AuditOpRecord, DiagnosisSpec, RankSpec, RunSpec, StepRecord, TensorsRecord
-from detlab.worker.diagnose.cli import audit_result
+from detlab.worker.diagnose.cli import audit_result, invariance_result
 from detlab.worker.launch import launch_ranks
 from detlab.worker.runner import child_env, script_env
 from detlab.worker.scripts import ScriptsError, load
@@ -115,3 +115,25 @@ def test_a_scripts_op_audit_records_its_step_s_ops_into_the_workers_spool_under_
     result = audit_result(got, RankSpec.for_run(spec, device="cpu"))
     assert result["torch_flags"]["deterministic_algorithms"] is True  # the job's config, in effect
     assert result["workload"] == "sdk-audit" and result["ops"]
+
+
+def test_a_scripts_batch_invariance_records_the_job_s_cells_and_its_model_into_the_workers_spool(
+        tmp_path: Path) -> None:
+    spec = RunSpec(run_id=3, attempt=1, workload="sdk-invariance", kind="batch-invariance", world_size=1, steps=4,
+                   diagnosis=DiagnosisSpec(ops=["sum"], dtypes=["float32"], batch_sizes=[1, 2], features=16,
+                                           workload="sdk-invariance"))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    got: list = []
+
+    def env(rank: int) -> dict[str, str]:
+        base = {k: v for k, v in child_env(spec, rank, folder).items() if not k.startswith("DETLAB_")}
+        return {**base, **script_env(spec, folder)}
+
+    (tmp_path / "invariance.py").write_text(examples()["invariance.py"])  # docs/sdk.md's example, as written
+    launch_ranks(RankSpec.for_run(spec, device="cpu"), folder, env=env, on_records=got.extend, timeout_s=300,
+                 argv=[sys.executable, "invariance.py"], cwd=tmp_path)
+    result = invariance_result(got)
+    assert [(r["op"], r["batch_size"]) for r in result["results"]] == [("sum", 1), ("sum", 2)]  # the job's cells
+    assert result["model"] == {"workload": "sdk-invariance", "batch_sizes": [1, 2], "invariant": False,
+                               "first_module": "1", "first_break": 2}  # the job's sizes, not the script's
