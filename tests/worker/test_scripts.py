@@ -137,3 +137,37 @@ def test_a_scripts_batch_invariance_records_the_job_s_cells_and_its_model_into_t
     assert [(r["op"], r["batch_size"]) for r in result["results"]] == [("sum", 1), ("sum", 2)]  # the job's cells
     assert result["model"] == {"workload": "sdk-invariance", "batch_sizes": [1, 2], "invariant": False,
                                "first_module": "1", "first_break": 2}  # the job's sizes, not the script's
+
+
+class Sink:
+    """Where the runner sends what a run's ranks recorded (the ingest API's part of IngestClient)."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def records(self, run_id: int, attempt: int, records: list) -> None:
+        self.sent.extend(records)
+
+    def comm_log(self, *args: object) -> None:
+        return None
+
+
+def test_a_script_that_never_hands_over_its_step_fails_the_op_audit_saying_which_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from detlab.core.settings import get_settings
+    from detlab.worker.runner import _launch_and_stream
+
+    (tmp_path / "plain.py").write_text("print('trained, audited nothing')\n")
+    path = scripts_file(tmp_path, f'[[script]]\nname = "plain"\ncommand = ["{sys.executable}", "plain.py"]\n'
+                                  f'workdir = "{tmp_path}"\n')
+    monkeypatch.setenv("DETLAB_SCRIPTS", str(path))
+    get_settings.cache_clear()
+    sink = Sink()
+    spec = RunSpec(run_id=4, attempt=1, workload="plain", kind="op-audit", world_size=1, steps=1,
+                   diagnosis=DiagnosisSpec(reruns=2))
+    try:
+        status, error = _launch_and_stream(spec, sink, "cpu", 300.0, None)  # type: ignore[arg-type]
+    finally:
+        get_settings.cache_clear()
+    assert status == "failed" and error is not None
+    assert error.startswith("plain never called detlab.audit(step)") and sink.sent == []
