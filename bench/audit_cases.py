@@ -1,4 +1,4 @@
-"""The op audit's engine (detlab.worker.diagnose.audit.audit_step) over cases whose truth is known: PyTorch's
+"""The op audit's engine (detlab.tensors.audit.audit_step) over cases whose truth is known: PyTorch's
 documented nondeterministic CUDA ops, deterministic controls, and random draws (explicit generators, dropout,
 attention's dropout) that must never be called nondeterministic. One row per case: what was expected, whether
 the audit flagged it, whether PyTorch's own alert fired, how many distinct results the re-runs gave, and whether
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - PyTorch's own spelling
 
-from detlab.worker.diagnose.audit import audit_step
+from detlab.tensors.audit import audit_step
 
 Step = Callable[[], object]
 N = 1 << 20  # values added into SLOTS targets: threads race on the same few addresses

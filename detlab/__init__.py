@@ -1,6 +1,7 @@
 """detlab: where two training runs that should be bit-identical part, and what reproducibility costs.
 
-`import detlab` is light: `detlab.Recorder` (docs/sdk.md) loads the SDK, and torch, when first used.
+`import detlab` is light: `detlab.Recorder`, `detlab.audit` and `detlab.batch_invariance` (docs/sdk.md) load the
+SDK, and torch, when first used.
 """
 
 from __future__ import annotations
@@ -8,12 +9,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from detlab.sdk.audit import audit
+    from detlab.sdk.invariance import batch_invariance
     from detlab.sdk.recorder import Recorder
 
-__all__ = ["Recorder"]
+__all__ = ["Recorder", "audit", "batch_invariance"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "batch_invariance":
+        from detlab.sdk.invariance import batch_invariance
+
+        return batch_invariance
+    if name == "audit":
+        from detlab.sdk.audit import audit
+
+        return audit
     if name == "Recorder":
         from detlab.sdk.recorder import Recorder
 

@@ -18,7 +18,7 @@ from typing import Literal
 
 from detlab.core.configs import env_error
 from detlab.core.ingest_client import BadSpec, IngestClient, Stale
-from detlab.core.wire import RankSpec, Record, RunSpec
+from detlab.core.wire import SCRIPT_ENTRIES, SCRIPT_RUN_KINDS, EnvRecord, RankSpec, Record, RunSpec
 from detlab.worker.launch import RankFailed, RanksStopped, launch_ranks
 from detlab.worker.scripts import registered
 
@@ -106,7 +106,9 @@ def script_env(spec: RunSpec, folder: Path) -> dict[str, str]:
     write, every how many steps, the config's seed and torch flags, which it applies when it is made, and the
     step a bisect probes (detlab.sdk.probing)."""
     return {"DETLAB_RUN_DIR": str(folder), "DETLAB_EVERY": str(spec.fingerprint_interval),
-            "DETLAB_STEPS": str(spec.steps), "DETLAB_SEED": str(spec.seed),
+            "DETLAB_STEPS": str(spec.steps), "DETLAB_SEED": str(spec.seed), "DETLAB_KIND": spec.kind,
+            "DETLAB_WORKLOAD": spec.workload,
+            **({"DETLAB_DIAGNOSIS": spec.diagnosis.model_dump_json()} if spec.diagnosis else {}),
             **({"DETLAB_TORCH_FLAGS": spec.torch.model_dump_json()} if spec.torch else {}),
             **({"DETLAB_PROBE_STEP": str(spec.probe_step)} if spec.probe_step else {})}
 
@@ -168,17 +170,27 @@ def _launch_and_stream(spec: RunSpec, client: IngestClient, device: Literal["aut
         folder = Path(tmp)
         (folder / OWNER_FILE).write_text(str(os.getpid()))
         failure: str | None = None
-        script = registered().get(spec.workload) if spec.kind == "train" else None  # scripts only train
+        script = registered().get(spec.workload) if spec.kind in SCRIPT_RUN_KINDS else None
+        measured: list[bool] = []
+
+        def send_script(records: list[Record]) -> None:
+            measured.extend(not isinstance(r, EnvRecord) for r in records)
+            send(records)
 
         def env(rank: int) -> dict[str, str]:
             return {**child_env(spec, rank, folder), **(script_env(spec, folder) if script else {})}
 
         try:
-            launch_ranks(RankSpec.for_run(spec, device=device), folder, env=env, on_records=send,
+            launch_ranks(RankSpec.for_run(spec, device=device), folder, env=env,
+                         on_records=send_script if script else send,
                          hang_timeout_s=hang_timeout_s, first_step_timeout_s=first_step_timeout_s, poll_s=POLL_S,
                          tie_to_parent=True, stop=lambda: CURRENT.stop_reason,
                          argv=script.command if script else None, cwd=script.workdir if script else None)
         except RankFailed as exc:
             failure = str(exc)
+        if script and spec.diagnosis is not None and not failure and not any(measured):
+            entry = SCRIPT_ENTRIES[spec.kind]
+            failure = (f"{script.name} never called {entry}: a {spec.kind} job of a registered script measures "
+                       f"what the script hands to {entry.split('(')[0]} (docs/sdk.md)")
         upload_logs(client, spec.run_id, spec.attempt, folder, spec.world_size)
         return ("failed", failure) if failure else ("succeeded", None)

@@ -10,7 +10,7 @@ from detlab.backend.models import Job
 from detlab.backend.reports import diagnosis as diagnosis_report
 from detlab.core import configs, diagnosis
 from detlab.core.settings import Settings
-from detlab.core.wire import DiagnosisSpec
+from detlab.core.wire import SCRIPT_RUN_KINDS, DiagnosisSpec
 from detlab.core.workloads import WorkloadInfo
 
 
@@ -34,11 +34,14 @@ class BatchInvariance(DiagnosisKind):
              workloads: dict[str, WorkloadInfo]) -> Plan:
         spec = data.diagnosis or DiagnosisSpec()
         workload = data.workload or spec.workload
-        check(data, bodies, workloads, workload)
+        # a registered script hands its model to detlab.batch_invariance, which records under the worker
+        check(data, bodies, workloads, workload, scripts=self.name in SCRIPT_RUN_KINDS)
         steps = spec.cells() + (len(spec.batch_sizes) if workload else 0)
+        params = self.params(spec, workload)
+        if workload is not None and workloads[workload].script:
+            params["script"] = True
         # the job's workload names the model checked, else the kind (an ops-only job)
-        return Plan(workload=workload or self.name, steps=steps, bodies=bodies,
-                    params=self.params(spec, workload), unit="cells")
+        return Plan(workload=workload or self.name, steps=steps, bodies=bodies, params=params, unit="cells")
 
     def spec(self, job: Job) -> dict[str, Any]:
         return {"diagnosis": job.params["diagnosis"]}

@@ -23,14 +23,14 @@ class DiagnosisCreate(JobRequest):
 
 
 def check(data: DiagnosisCreate, bodies: list[configs.ConfigBody], workloads: dict[str, WorkloadInfo],
-          workload: str | None) -> None:
-    """One rank per config, and a workload (if any) the workers can build a model of."""
+          workload: str | None, *, scripts: bool = False) -> None:
+    """One rank per config, and a workload (if any) the workers can build a model of, or with `scripts` (the
+    kind's runs are in SCRIPT_RUN_KINDS) a registered script."""
     if data.world_size != 1 or any((b.world_size or 1) != 1 for b in bodies):
         raise InvalidJob(f"a {data.kind} job runs one rank per config: world_size must be 1")
-    if workload is not None and (workload not in workloads or workloads[workload].script):
-        known = sorted(name for name, info in workloads.items() if not info.script)
-        raise InvalidJob(f"unknown workload {workload!r} for {data.kind} (registered scripts cannot be "
-                         f"diagnosed); known: {known}")
+    if workload is not None and (workload not in workloads or (workloads[workload].script and not scripts)):
+        known = sorted(name for name, info in workloads.items() if scripts or not info.script)
+        raise InvalidJob(f"unknown workload {workload!r} for {data.kind}; known: {known}")
 
 
 class DiagnosisKind(Kind):

@@ -1,5 +1,6 @@
 """The `op-audit` kind: the ops of a workload's training step re-run under each config: which are
-nondeterministic on this stack."""
+nondeterministic on this stack. The workload is a built-in one, or a registered script that hands its step
+to `detlab.audit`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from detlab.backend.models import Job
 from detlab.backend.reports import diagnosis as diagnosis_report
 from detlab.core import configs, diagnosis
 from detlab.core.settings import Settings
-from detlab.core.wire import DiagnosisSpec
+from detlab.core.wire import SCRIPT_RUN_KINDS, DiagnosisSpec
 from detlab.core.workloads import WorkloadInfo
 
 
@@ -38,8 +39,12 @@ class OpAudit(DiagnosisKind):
         workload = data.workload or spec.workload
         if workload is None:
             raise InvalidJob("an op-audit needs a workload: the one whose training step is audited")
-        check(data, bodies, workloads, workload)
-        return Plan(workload=workload, steps=1, bodies=bodies, params=self.params(spec, None), unit="cells")
+        # a registered script hands its step to detlab.audit, which records under the worker (docs/sdk.md)
+        check(data, bodies, workloads, workload, scripts=self.name in SCRIPT_RUN_KINDS)
+        params = self.params(spec, None)
+        if workloads[workload].script:
+            params["script"] = True
+        return Plan(workload=workload, steps=1, bodies=bodies, params=params, unit="cells")
 
     def spec(self, job: Job) -> dict[str, Any]:
         return {"diagnosis": job.params["diagnosis"], "workload": job.workload}

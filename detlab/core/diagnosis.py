@@ -92,6 +92,14 @@ def audit_json(ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"ops": sorted(rows, key=lambda r: (-r["count"], r["op"]))}
 
 
+def audit_report(ops: Sequence[Mapping[str, Any]], *, claims_determinism: bool, workload: str | None,
+                 device: str | None, threads: int | None, torch_flags: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The op audit's JSON, as `detlab audit --json` prints it and `detlab.audit` returns it: `{"ops", "ineffective",
+    "workload", "device", "threads", "torch_flags"}`."""
+    return {**audit_json(ops), "ineffective": ineffective(ops, claims_determinism), "workload": workload,
+            "device": device, "threads": threads, "torch_flags": dict(torch_flags) if torch_flags else None}
+
+
 def model_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """A workload's forward, sample 0 alone against inside batches: the batch sizes checked, whether every one
     is invariant, and the first that breaks with the first module that differs there (None without rows)."""

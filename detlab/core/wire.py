@@ -158,6 +158,10 @@ class DiagnosisSpec(Wire):
 
 
 RunKind = Literal["train", "collective", "batch-invariance", "op-audit"]
+# The runs a registered script can be, and what in the script records each (under the worker, docs/sdk.md).
+SCRIPT_ENTRIES: dict[RunKind, str] = {"train": "detlab.Recorder", "op-audit": "detlab.audit(step)",
+                                      "batch-invariance": "detlab.batch_invariance(model, forward, samples)"}
+SCRIPT_RUN_KINDS: tuple[RunKind, ...] = tuple(SCRIPT_ENTRIES)
 
 
 class RunPlan(Wire):

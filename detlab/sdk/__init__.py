@@ -11,12 +11,22 @@ from typing import TYPE_CHECKING, Any
 from detlab.sdk.store import RecordsError, load_run
 
 if TYPE_CHECKING:
+    from detlab.sdk.audit import audit
+    from detlab.sdk.invariance import batch_invariance
     from detlab.sdk.recorder import Recorder
 
-__all__ = ["Recorder", "RecordsError", "load_run"]
+__all__ = ["Recorder", "audit", "batch_invariance", "RecordsError", "load_run"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "batch_invariance":
+        from detlab.sdk.invariance import batch_invariance
+
+        return batch_invariance
+    if name == "audit":
+        from detlab.sdk.audit import audit
+
+        return audit
     if name == "Recorder":
         from detlab.sdk.recorder import Recorder
 

@@ -44,10 +44,9 @@ window.detlab.diagnosisForm = (() => {
     $("features").step = String(lists.features_multiple);
     $("reruns").max = String(lists.max_reruns);
     $("batch-sizes").value = lists.default_batch_sizes.join(", ");
-    // Registered scripts cannot be diagnosed: their model is not built by detlab.
-    const models = workloadList.filter((w) => !w.script);
+    // A registered script's model is checked by the script's detlab.batch_invariance call (docs/sdk.md).
     $("bi-workload").replaceChildren(el("option", { value: "", text: "(ops only)" }),
-      ...models.map((w) => el("option", { value: w.name, text: w.name })));
+      ...workloadList.map((w) => el("option", { value: w.name, text: w.script ? `${w.name} (script)` : w.name })));
     $("batch-sizes").addEventListener("input", updateHint);
     $("features").addEventListener("input", updateHint);
     updateHint();

@@ -153,3 +153,15 @@ def test_an_exported_diagnosis_result_imports_as_findings_cells() -> None:
     assert (found["kind"], found["op"], found["dtype"], found["identical"], found["comparable"]) == (
         "batch-invariance", "mm", "bfloat16", 2, 3)
     assert found["hardware"] == "1 x NVIDIA H200"
+
+
+def test_an_op_audit_and_a_batch_invariance_of_a_registered_script_are_accepted(client: TestClient) -> None:
+    script = {"name": "sft", "global_batch": 16, "default_steps": 5, "script": True}
+    beat = {"worker": "node:default", "queue": "default", "info": {"workloads": [script]}}
+    assert client.post("/api/v1/ingest/heartbeat", json=beat, headers=AUTH).status_code == 200
+    job = submit(client, kind="op-audit", workload="sft", diagnosis={"reruns": 3})
+    assert (job["workload"], job["params"]["script"]) == ("sft", True)
+    spec = client.post(f"/api/v1/ingest/runs/{job['runs'][0]['id']}/claim", json={"worker": "w"}, headers=AUTH).json()
+    assert (spec["kind"], spec["workload"], spec["diagnosis"]["reruns"]) == ("op-audit", "sft", 3)
+    job = submit(client, kind="batch-invariance", diagnosis={"workload": "sft", "ops": ["mm"], "batch_sizes": [1, 2]})
+    assert (job["workload"], job["params"]["script"]) == ("sft", True)

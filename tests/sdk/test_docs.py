@@ -24,7 +24,8 @@ BLOCK = re.compile(r"```(?:python|bash)\n# ([\w.-]+)[^\n]*\n(.*?)```", re.S)
 def examples() -> dict[str, str]:
     found = {name: f"# {name}\n{body}" for name, body in BLOCK.findall(DOC.read_text())}
     assert set(found) == {"train.py", "train_options.py", "train_ddp.py", "ddp.sh", "train_fsdp.py", "fsdp.sh",
-                          "replicas.sh", "train_lightning.py", "train_hf.py", "ci.sh"}
+                          "replicas.sh", "train_lightning.py", "train_hf.py", "ci.sh", "audit_step.py",
+                          "invariance.py"}
     return found
 
 
@@ -54,6 +55,18 @@ def test_the_ci_gate_fails_when_the_second_run_differs(tmp_path: Path) -> None:
     done = run(tmp_path, "bash", "ci.sh")
     assert done.returncode == 1
     assert done.stdout.startswith("diverged at step 0 on rank(s) 0: 0.weight, 0.bias, 2.weight, 2.bias;")
+
+
+def test_the_audit_example_checks_its_step_and_calls_no_draw_nondeterministic(tmp_path: Path) -> None:
+    done = run(save(tmp_path), "python", "audit_step.py")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.fullmatch(r"\d+ ops checked on cpu; nondeterministic: none\n", done.stdout), done.stdout
+
+
+def test_the_batch_invariance_example_names_the_module_that_mixes_samples(tmp_path: Path) -> None:
+    done = run(save(tmp_path), "python", "invariance.py")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "invariant: False; breaks at batch 2 in module 1\n"
 
 
 def test_the_options_example_records_what_its_options_name(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ import torch
 from torch._prims_common import alert_not_deterministic
 
 from detlab.core import diagnosis
-from detlab.worker.diagnose.audit import alert, audit_step, trace_step
-from detlab.worker.diagnose.batch_invariance import OP_FUNCS, Inputs, max_ulp, model_invariance, op_invariance
+from detlab.tensors.audit import alert, audit_step, trace_step
+from detlab.tensors.batch_invariance import OP_FUNCS, Inputs, max_ulp, model_invariance, op_invariance
 from detlab.worker.workloads import registry
 
 CONTENDED = 1 << 18  # values all added into 8 slots: threads race on the same targets
@@ -140,6 +140,40 @@ def test_a_draw_from_a_generator_passed_as_an_argument_is_not_called_nondetermin
     g = torch.Generator().manual_seed(7)
     rows = list(audit_step(lambda: draw(g), reruns=5, calls_per_op=2))
     assert rows and all(r.nondeterministic is False for r in rows), [(r.op, r.evidence) for r in rows]
+
+
+# An op shaped like attention without dropout: its result, and a random state it leaves uninitialized.
+torch.library.define("detlab_test::attention_like",
+                     "(Tensor x) -> (Tensor output, Tensor philox_seed, Tensor philox_offset)")
+
+
+@torch.library.impl("detlab_test::attention_like", "CPU")
+def _attention_like(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    import os
+
+    junk = [torch.tensor(int.from_bytes(os.urandom(7), "little")) for _ in range(2)]  # what at::empty may hold
+    return x * 2, junk[0], junk[1]
+
+
+def test_an_op_s_uninitialized_dropout_state_outputs_are_not_compared() -> None:
+    x = torch.ones(4)
+    [row] = [r for r in audit_step(lambda: torch.ops.detlab_test.attention_like(x), reruns=4, calls_per_op=1)
+             if r.op == "detlab_test.attention_like"]
+    assert (row.nondeterministic, row.distinct) == (False, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_cuda_efficient_attention_fp32_is_not_flagged_with_or_without_dropout(dropout_p: float) -> None:
+    # tiny-lm's flag on the H200: fp32 SDPA runs the memory-efficient kernel; without dropout it returns its
+    # philox seed and offset uninitialized, with dropout it draws them from the default CUDA generator.
+    g = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 32, device="cuda", generator=g) for _ in range(3))
+    op = torch.ops.aten._scaled_dot_product_efficient_attention
+    rows = {r.op: r for r in audit_step(lambda: op(q, k, v, None, True, dropout_p, True), reruns=5, calls_per_op=2)}
+    row = rows["aten._scaled_dot_product_efficient_attention"]
+    assert (row.nondeterministic, row.distinct) == (False, 1), row.evidence
 
 
 def test_the_audit_leaves_the_generators_as_the_step_left_them() -> None:

@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 
 from detlab.core.configs import TorchFlags
-from detlab.core.wire import RankSpec, RunSpec, StepRecord, TensorsRecord
+from detlab.core.wire import AuditOpRecord, DiagnosisSpec, RankSpec, RunSpec, StepRecord, TensorsRecord
+from detlab.worker.diagnose.cli import audit_result, invariance_result
 from detlab.worker.launch import launch_ranks
 from detlab.worker.runner import child_env, script_env
 from detlab.worker.scripts import ScriptsError, load
+from tests.sdk.test_docs import examples
 
 SCRIPT = Path(__file__).resolve().parents[1] / "sdk" / "scripts" / "train.py"
+
 
 
 def scripts_file(tmp_path: Path, body: str) -> Path:
@@ -88,3 +91,83 @@ def test_a_scripts_ranks_record_into_the_workers_spool_under_the_configs_flags(t
     assert all(e.torch_flags and e.torch_flags.deterministic_algorithms for e in envs)  # its flags, applied
     assert not (tmp_path / "ignored").exists()  # out= gave way to the worker's folder
     assert os.environ.get("DETLAB_RUN_DIR") is None  # the worker's own environment is untouched
+
+
+def test_a_scripts_op_audit_records_its_step_s_ops_into_the_workers_spool_under_the_job_s_settings(
+        tmp_path: Path) -> None:
+    spec = RunSpec(run_id=2, attempt=1, workload="sdk-audit", kind="op-audit", world_size=1, steps=1,
+                   diagnosis=DiagnosisSpec(reruns=3, calls_per_op=1), torch=TorchFlags(deterministic_algorithms=True))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    got: list = []
+
+    def env(rank: int) -> dict[str, str]:
+        base = {k: v for k, v in child_env(spec, rank, folder).items() if not k.startswith("DETLAB_")}
+        return {**base, **script_env(spec, folder)}
+
+    (tmp_path / "audit_step.py").write_text(examples()["audit_step.py"])  # docs/sdk.md's example, as written
+    launch_ranks(RankSpec.for_run(spec, device="cpu"), folder, env=env, on_records=got.extend, timeout_s=300,
+                 argv=[sys.executable, "audit_step.py"], cwd=tmp_path)
+    ops = [r for r in got if isinstance(r, AuditOpRecord)]
+    assert {"aten.addmm", "aten.bernoulli_"} <= {r.op for r in ops}
+    assert all(r.nondeterministic is not True for r in ops)  # dropout's draw is the same draw on re-run
+    assert all(r.reruns in (0, 3) for r in ops) and any(r.reruns == 3 for r in ops)  # the job's re-runs
+    result = audit_result(got, RankSpec.for_run(spec, device="cpu"))
+    assert result["torch_flags"]["deterministic_algorithms"] is True  # the job's config, in effect
+    assert result["workload"] == "sdk-audit" and result["ops"]
+
+
+def test_a_scripts_batch_invariance_records_the_job_s_cells_and_its_model_into_the_workers_spool(
+        tmp_path: Path) -> None:
+    spec = RunSpec(run_id=3, attempt=1, workload="sdk-invariance", kind="batch-invariance", world_size=1, steps=4,
+                   diagnosis=DiagnosisSpec(ops=["sum"], dtypes=["float32"], batch_sizes=[1, 2], features=16,
+                                           workload="sdk-invariance"))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    got: list = []
+
+    def env(rank: int) -> dict[str, str]:
+        base = {k: v for k, v in child_env(spec, rank, folder).items() if not k.startswith("DETLAB_")}
+        return {**base, **script_env(spec, folder)}
+
+    (tmp_path / "invariance.py").write_text(examples()["invariance.py"])  # docs/sdk.md's example, as written
+    launch_ranks(RankSpec.for_run(spec, device="cpu"), folder, env=env, on_records=got.extend, timeout_s=300,
+                 argv=[sys.executable, "invariance.py"], cwd=tmp_path)
+    result = invariance_result(got)
+    assert [(r["op"], r["batch_size"]) for r in result["results"]] == [("sum", 1), ("sum", 2)]  # the job's cells
+    assert result["model"] == {"workload": "sdk-invariance", "batch_sizes": [1, 2], "invariant": False,
+                               "first_module": "1", "first_break": 2}  # the job's sizes, not the script's
+
+
+class Sink:
+    """Where the runner sends what a run's ranks recorded (the ingest API's part of IngestClient)."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def records(self, run_id: int, attempt: int, records: list) -> None:
+        self.sent.extend(records)
+
+    def comm_log(self, *args: object) -> None:
+        return None
+
+
+def test_a_script_that_never_hands_over_its_step_fails_the_op_audit_saying_which_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from detlab.core.settings import get_settings
+    from detlab.worker.runner import _launch_and_stream
+
+    (tmp_path / "plain.py").write_text("print('trained, audited nothing')\n")
+    path = scripts_file(tmp_path, f'[[script]]\nname = "plain"\ncommand = ["{sys.executable}", "plain.py"]\n'
+                                  f'workdir = "{tmp_path}"\n')
+    monkeypatch.setenv("DETLAB_SCRIPTS", str(path))
+    get_settings.cache_clear()
+    sink = Sink()
+    spec = RunSpec(run_id=4, attempt=1, workload="plain", kind="op-audit", world_size=1, steps=1,
+                   diagnosis=DiagnosisSpec(reruns=2))
+    try:
+        status, error = _launch_and_stream(spec, sink, "cpu", 300.0, None)  # type: ignore[arg-type]
+    finally:
+        get_settings.cache_clear()
+    assert status == "failed" and error is not None
+    assert error.startswith("plain never called detlab.audit(step)") and sink.sent == []

@@ -99,10 +99,10 @@ def audit_result(records: list[Record], spec: RankSpec) -> dict[str, Any]:
     env = _env(records)
     rows = [r.model_dump() for r in records if isinstance(r, AuditOpRecord)]
     claims = bool(spec.torch and spec.torch.deterministic_algorithms)
-    return {**diagnosis.audit_json(rows), "ineffective": diagnosis.ineffective(rows, claims),
-            "workload": spec.workload, "device": env.device if env else None,
-            "threads": env.torch_flags.num_threads if env and env.torch_flags else spec.threads,  # as in effect
-            "torch_flags": env.torch_flags.model_dump() if env and env.torch_flags else None}
+    return diagnosis.audit_report(
+        rows, claims_determinism=claims, workload=spec.workload, device=env.device if env else None,
+        threads=env.torch_flags.num_threads if env and env.torch_flags else spec.threads,  # as in effect
+        torch_flags=env.torch_flags.model_dump() if env and env.torch_flags else None)
 
 
 def _print_invariance(result: dict[str, Any]) -> None:

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from detlab.core.wire import RankSpec
+from detlab.tensors.audit import audit_step
+from detlab.tensors.batch_invariance import model_invariance, op_invariance
 from detlab.tensors.stack import apply_torch_flags, env_record
-from detlab.worker.diagnose.audit import audit_step
-from detlab.worker.diagnose.batch_invariance import model_invariance, op_invariance
 from detlab.worker.ranks.train import Spool, pick_device
 from detlab.worker.workloads import registry
 

@@ -13,8 +13,10 @@ from .patterns import (
     _COLL_CALL,
     _COLL_CHANNELS,
     _COMM,
+    _COMM_TOPO,
     _ENV_SET,
     _ENV_SET_SHORT,
+    _INTERNAL_NET,
     _INVALID_VALUE,
     _INVALID_WORDS,
     _MSCCL,
@@ -22,12 +24,16 @@ from .patterns import (
     _NNODES,
     _NRANKS,
     _PEER,
+    _PLUGIN_ENV,
+    _RCCL_COMM_SUFFIX,
+    _RING_CONN,
     _RING_ORDER,
     _ROCM_BANNER,
     _TESTS_RANK,
     _TRANSPORT,
     _TREE_ITEM,
     _TREES,
+    _TUNER_USED,
     _TYPE_SIZE,
     _VAR,
     _VERSION,
@@ -42,7 +48,7 @@ def empty_result() -> dict[str, Any]:
         "library": None, "version": None, "versions": [], "hip_version": None, "rocm_version": None,
         "nranks": None, "nnodes": None, "ranks": [], "processes": [], "nchannels": None,
         "transports": [], "network": None, "env": {}, "env_by_process": {}, "invalid_env": [],
-        "choices": [], "warnings": [], "msccl": [], "init_complete": False,
+        "choices": [], "warnings": [], "msccl": [], "init_complete": False, "nvls_channels": None, "tuner": None,
         "ring_orders": [], "tree_orders": [],
     }
 
@@ -65,6 +71,14 @@ def parse(text: str) -> dict[str, Any]:
         return empty_result()
 
 
+def _tests_bus_id(raw: str) -> str:
+    """nccl-tests' "[0x18]" as printed, and its "[0000:18:00]" as NCCL prints busIds ("18000")."""
+    if ":" not in raw:
+        return raw.lower()
+    domain, bus, device = raw.lower().split(":")
+    return f"{int(domain, 16):x}{bus}{device}0".lstrip("0") if int(domain, 16) else f"{bus}{device}0".lstrip("0")
+
+
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
     """(2, 27, 7) for "2.27.7"; None when unknown."""
     if not version:
@@ -84,6 +98,8 @@ class _State:
         self.coll_channels: list[int] = []
         self.rings: dict[int, list[int]] = {}
         self.ring_totals: list[int] = []
+        self.ring_conns: set[int] = set()
+        self.nvls_channels: list[int] = []
         self.trees: dict[tuple[int, int], dict[str, Any]] = {}
         self.transports: list[str] = []
         self.networks: list[str] = []
@@ -122,7 +138,7 @@ class _State:
             return
         m = _TESTS_RANK.search(msg)
         if m:
-            self._rank(int(m[1]), host=m[3], pid=int(m[2]), device=int(m[4]), bus_id=m[5].lower())
+            self._rank(int(m[1]), host=m[3], pid=int(m[2]), device=int(m[4]), bus_id=_tests_bus_id(m[5]))
 
     def _version_text(self, msg: str) -> bool:
         m = _VERSION.search(msg)
@@ -141,6 +157,11 @@ class _State:
 
     def _env(self, rec: Record) -> bool:
         msg = rec.msg
+        m = _PLUGIN_ENV.match(msg)
+        if m:
+            # "TUNER/Plugin: Plugin name set by env to X" is how NCCL echoes NCCL_TUNER_PLUGIN (NET: NCCL_NET_PLUGIN)
+            self._set_env(rec, f"NCCL_{m[1]}_PLUGIN", m[2], echo=True)
+            return True
         m = _ENV_SET.match(msg) or _ENV_SET_SHORT.match(msg)
         if m:
             name, value = m[1], m[2].strip()
@@ -148,13 +169,17 @@ class _State:
                 value = value[:-1]
             if name.startswith(("RCCL", "MSCCL")):
                 self.rccl_seen = True
-            if m.re is _ENV_SET or name not in self.res["env"]:
-                self.res["env"][name] = value
-            proc = self.res["env_by_process"].setdefault(rec.process or "?", {})
-            if m.re is _ENV_SET or name not in proc:
-                proc[name] = value
+            self._set_env(rec, name, value, echo=m.re is _ENV_SET)
             return True
         return self._invalid(rec)
+
+    def _set_env(self, rec: Record, name: str, value: str, *, echo: bool) -> None:
+        # "set by environment to" is the echo; "X set to" may be a derived value, kept only when no echo is
+        if echo or name not in self.res["env"]:
+            self.res["env"][name] = value
+        proc = self.res["env_by_process"].setdefault(rec.process or "?", {})
+        if echo or name not in proc:
+            proc[name] = value
 
     def _invalid(self, rec: Record) -> bool:
         msg = rec.msg
@@ -175,6 +200,9 @@ class _State:
         m = _COMM.search(msg)
         if m:
             self._rank(int(m[1]), host=rec.host, pid=rec.pid, device=int(m[3]), bus_id=m[4] and m[4].lower())
+        topo = _COMM_TOPO.match(msg)
+        if topo:
+            self._rank(int(topo[1]), host=rec.host, pid=rec.pid, device=rec.dev)
         for n in _NRANKS.findall(msg):
             self.nranks.append(int(n))
         for n in _NNODES.findall(msg):
@@ -184,7 +212,7 @@ class _State:
         return bool(m)
 
     def _layout(self, rec: Record) -> bool:
-        msg = rec.msg
+        msg = _RCCL_COMM_SUFFIX.sub("", rec.msg)
         m = _RING_ORDER.match(msg)
         if m:
             self.rings.setdefault(int(m[1]), [int(x) for x in m[3].split()])
@@ -194,9 +222,14 @@ class _State:
         m = _COLL_CHANNELS.match(msg)
         if m:
             self.coll_channels.append(int(m[1]))
+            if m[2] is not None:
+                self.nvls_channels.append(int(m[2]))
             return True
         m = _TRANSPORT.search(msg)
         if m:
+            ring = _RING_CONN.match(msg)
+            if ring:
+                self.ring_conns.add(int(ring[1]))
             self.transports.append(transport_name(m[1]))
             for a, ab, b, bb in _PEER.findall(msg):
                 self.peers += [(int(a), ab.lower()), (int(b), bb.lower())]
@@ -236,11 +269,15 @@ class _State:
         if m:
             self.networks.append(m[1].strip())
             return True
-        m = _ASSIGNED_NET.match(msg)
+        m = _ASSIGNED_NET.match(msg) or _INTERNAL_NET.match(msg)
         if m:
             self.networks.append(m[1])
             return True
-        if re.match(r"NET/IB ?: Using \[", msg):
+        m = _TUNER_USED.match(msg)
+        if m:
+            self.res["tuner"] = m[1] or m[2]
+            return True
+        if re.match(r"NET/IB ?: Using \[\d", msg):  # "Using [RO]; OOB .." lists no device
             self.ib_found = True
         elif re.match(r"NET/IB ?: No device found|Failed to initialize NET plugin IB\b", msg):
             # NCCL >= 2.2x still prints "NET/IB : Using [RO]; OOB ..." before giving up on IB
@@ -282,6 +319,10 @@ class _State:
             res["nchannels"] = max(self.ring_totals)
         elif self.rings:
             res["nchannels"] = len(self.rings)
+        elif self.ring_conns:
+            # Before 2.6 no line states the count; every ring's connections are printed as "Ring NN : a -> b".
+            res["nchannels"] = max(self.ring_conns) + 1
+        res["nvls_channels"] = max(self.nvls_channels) if self.nvls_channels else None
         res["transports"] = list(dict.fromkeys(self.transports))
         res["network"] = self._network()
         res["ring_orders"] = [{"channel": c, "order": self.rings[c]} for c in sorted(self.rings)]

@@ -15,13 +15,23 @@ _VAR = re.compile(r"\b((?:NCCL|RCCL|MSCCL)_[A-Z0-9_]+)\b")
 _COMM = re.compile(
     r"\bcomm 0x[0-9a-fA-F]+ rank (\d+) n[Rr]anks (\d+) cudaDev (\d+)(?: nvmlDev \d+)?(?: busId ([0-9a-fA-F]+))?"
 )
+# 2.19+: "comm 0x.. rank 1 nRanks 8 nNodes 1 localRanks 8 localRank 1 MNNVL 0" (no cudaDev: the header's [dev] is it)
+_COMM_TOPO = re.compile(r"^comm 0x[0-9a-fA-F]+ rank (\d+) nRanks \d+ nNodes \d+")
 _NRANKS = re.compile(r"\bn[Rr]anks[ =](\d+)")
 _NNODES = re.compile(r"\bnNodes (\d+)")
 _TESTS_RANK = re.compile(
-    r"#\s+Rank\s+(\d+)(?:\s+Group\s+\d+)?\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[(0x[0-9a-fA-F]+)\]"
+    r"#\s+Rank\s+(\d+)(?:\s+Group\s+\d+)?\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+"
+    r"\[(0x[0-9a-fA-F]+|[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\]"  # nccl-tests: [0x18] or [0000:18:00]
 )
 _RING_ORDER = re.compile(r"^(?:Channel|Ring) (\d+)(?:/(\d+))? :((?:\s+\d+)+)\s*$")
-_COLL_CHANNELS = re.compile(r"^(\d+) coll channels")
+_COLL_CHANNELS = re.compile(r"^(\d+) coll channels(?:, \d+ collnet channels)?(?:, (\d+) nvls channels)?")
+# RCCL ends layout lines with the communicator: "Channel 00/32 :    0   1 comm 0x3e8a2c0 nRanks 08 busId c1000"
+_RCCL_COMM_SUFFIX = re.compile(r"\s+comm 0x[0-9a-fA-F]+ nRanks \d+(?: busId [0-9a-fA-F]+)?\s*$")
+# Up to 2.5, ring connections print as "Ring 03 : 5[1] -> 6[2] via P2P/IPC" on every rank.
+_RING_CONN = re.compile(r"^Ring (\d+) : \d+(?:\[[0-9a-fA-F]+\])? -> \d+")
+_INTERNAL_NET = re.compile(r"^Using internal [Nn]etwork (\S+)")  # 2.3
+_PLUGIN_ENV = re.compile(r"^(TUNER|NET)/Plugin ?: Plugin name set by env to (\S+)")
+_TUNER_USED = re.compile(r"^TUNER/Plugin ?: Using tuner plugin (\S+)|^TUNER/Plugin ?: .*using (internal) tuner")
 _TRANSPORT = re.compile(
     r"\bvia (P2P/(?:direct pointer|[A-Za-z]+)|SHM|direct shared memory|NET/[^/\s]+|CollNet|COLLNET|NVLS)"
 )

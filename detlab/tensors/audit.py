@@ -18,8 +18,13 @@ Every run of a call (the alert's too) starts from the random state the call saw 
 passed to it as arguments and the default CPU and CUDA generators (seed and Philox offset) are set to their
 state at the call before each run, and put back as the step left them after the checks. A draw (randn with
 generator=, dropout, attention's dropout) is then the same draw each time: a difference is the kernel's.
-Ops that return uninitialized memory (empty*) are not compared (their bits are whatever the allocator held)
-and say so. Calls whose inputs exceed `MAX_KEPT_BYTES` are counted but not re-run, and say so.
+Outputs that hold a random state rather than a result (`philox_seed`, `philox_offset`, `rng_state`, `unused` in the
+op's schema: attention's dropout state) are not compared: without dropout PyTorch returns them uninitialized
+(`at::empty` in `_efficient_attention_forward`, aten/src/ATen/native/transformers/cuda/attention.cu), so their bits
+are whatever the allocator held; with dropout they are the generator's state, restored before each run, and the
+dropout's effect is in the output, which is compared. Ops that return uninitialized memory (empty*) are not
+compared (their bits are whatever the allocator held) and say so. Calls whose inputs exceed `MAX_KEPT_BYTES`
+are counted but not re-run, and say so.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ MAX_KEPT_BYTES = 256 << 20  # inputs kept for re-runs, over all calls
 # (CUBLAS_WORKSPACE_CONFIG unset on CUDA >= 10.2)
 ALERT_TEXTS = ("does not have a deterministic implementation", "this operation is not deterministic because")
 # Ops whose output is allocated, not computed: their bits are not a result.
+# Returns that carry the random state of a fused dropout, not a result (see the module's docstring).
+RNG_STATE_RETURNS = frozenset({"philox_seed", "philox_offset", "rng_state", "unused"})
 UNINITIALIZED = ("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
                  "aten.resize_")
 
@@ -139,6 +146,14 @@ def trace_step(step: Callable[[], None], calls_per_op: int) -> tuple[Counter[str
     return counts, recorder
 
 
+def _results(func: Any, out: Any) -> Any:
+    """An op's outputs without those its schema names as random state (`RNG_STATE_RETURNS`)."""
+    names = [r.name for r in func._schema.returns]
+    if isinstance(out, tuple | list) and len(out) == len(names) and RNG_STATE_RETURNS & set(names):
+        return tuple(o for o, n in zip(out, names, strict=True) if n not in RNG_STATE_RETURNS)
+    return out
+
+
 def _digests(tree: Any) -> tuple[str, ...]:
     tensors = [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor) and t.layout == torch.strided]
     return tuple(fp.fingerprint_many([t.contiguous() for t in tensors])) if tensors else ()
@@ -187,7 +202,7 @@ def distinct_results(call: Kept, reruns: int) -> int:
         for _ in range(reruns):
             args, kwargs = _copy((call.args, call.kwargs))
             rng.reset()
-            out = call.func(*args, **kwargs)
+            out = _results(call.func, call.func(*args, **kwargs))
             # an in-place or out= op writes into its inputs (a foreach op returns nothing): digest those too
             seen.add(_digests((out, args, kwargs) if call.func._schema.is_mutable else out))
     return len(seen)

@@ -13,13 +13,23 @@ where invariance breaks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch.nn import functional as F
 
 from detlab.core.diagnosis import InvarianceDtype, InvarianceOp, sdpa_geometry
 from detlab.core.wire import InvarianceRecord, ModelInvarianceRecord
-from detlab.worker.workloads import Workload
+
+
+class Workload(Protocol):
+    """What the model check needs of a workload (a built-in one, or a script's model through detlab's SDK)."""
+
+    name: str
+
+    def batch(self, step: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]: ...
+
+    def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> Any: ...
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
