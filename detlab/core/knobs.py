@@ -77,7 +77,10 @@ CATALOGUE: tuple[Knob, ...] = (
     Knob("cudnn-deterministic", "cuDNN's nondeterministic convolution algorithms", CUDA, False,
          "small to moderate on convolution-heavy models; nothing without convolutions",
          f"{TORCH_RANDOMNESS}#cuda-convolution-determinism", torch=(("cudnn_deterministic", True),)),
-    Knob("cublas-workspace", "cuBLAS choosing its workspace (and so its reduction split) per stream", CUDA, False,
+    # torch <= 2.9 refuses deterministic algorithms on CUDA without it (preflight rule cublas-workspace-unset); from
+    # torch 2.10 each cuBLAS handle and stream has its own workspace and the variable is not needed.
+    Knob("cublas-workspace", "cuBLAS sharing a workspace between streams (torch <= 2.9 also requires it under "
+         "deterministic algorithms)", CUDA, False,
          "none measurable; a little device memory", f"{TORCH_RANDOMNESS}#cublas",
          env=(("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),)),
     Knob("deterministic-algorithms", "atomics in scatter/index_add/embedding backward and other kernels with "

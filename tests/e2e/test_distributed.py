@@ -160,7 +160,8 @@ def test_fix_prescribes_deterministic_algorithms_for_scatter_at_two_threads(dist
     assert result["prescription"]["reproducible"] == [2, 2]  # both repeats identical to the first, itself included
     assert result["necessary"]["deterministic-algorithms"]["trial"] == 0
     assert [t["knobs"] for t in result["trials"]] == [[], ["deterministic-algorithms"]]
-    assert {"knob": "threads-1", "reason": "not needed: a cheaper candidate was reproducible"} in result["not_tried"]
+    assert {"knob": "threads-1", "knobs": None, "reason": "not needed: a cheaper candidate was reproducible"} \
+        in result["not_tried"]
     assert result["stack"] == "cpu, gloo, world size 1"
 
 
