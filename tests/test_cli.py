@@ -97,7 +97,8 @@ def test_api_serves_the_bound_host_name_and_never_trusts_forwarded_addresses(
     from detlab.core.settings import get_settings
 
     served: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: served.update(app=asgi, **kw))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, sockets=None: served.update(
+        app=server.config.app, proxy_headers=server.config.proxy_headers))
     monkeypatch.setenv("DETLAB_AUTH_MODE", "proxy")
     get_settings.cache_clear()
     try:

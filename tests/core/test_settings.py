@@ -37,3 +37,13 @@ def test_a_proxy_that_is_not_an_address_is_refused() -> None:
 def test_any_host_is_refused() -> None:
     with pytest.raises(ValidationError, match="DNS rebinding"):
         Settings(allowed_hosts="*")
+
+
+def test_the_generated_ingest_token_is_kept_for_the_servers_account_only(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    # docs/sdk.md: `<data dir>/ingest-token`, mode 0600; made once, the same on every read
+    monkeypatch.delenv("DETLAB_INGEST_TOKEN", raising=False)
+    token = Settings(data_dir=tmp_path).resolved_ingest_token()
+    path = tmp_path / "ingest-token"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert Settings(data_dir=tmp_path).resolved_ingest_token() == token == path.read_text().strip()

@@ -36,6 +36,16 @@ def watch(page: Page) -> list[str]:
 
 
 def test_a_recording_streamed_without_a_token_is_a_first_class_run(embedded: Stack, tmp_path: Path) -> None:
+    check_recording_page(embedded, tmp_path)
+
+
+def test_a_diverged_jobs_page_gives_the_answer_first(embedded: Stack, tmp_path: Path) -> None:
+    check_job_page(embedded, tmp_path)
+
+
+def check_recording_page(embedded: Stack, tmp_path: Path) -> None:
+    """A run of tests/sdk/scripts/train.py streamed to `embedded` (auth none: no token), on the jobs list and its
+    own page. Shared with tests/e2e/test_distributed.py."""
     env = {k: v for k, v in os.environ.items() if k not in ("DETLAB_TOKEN", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["DETLAB_SPOOL_DIR"] = str(tmp_path / "spool")
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "rec"), "--server", embedded.url,
@@ -75,7 +85,8 @@ def test_a_recording_streamed_without_a_token_is_a_first_class_run(embedded: Sta
         browser.close()
 
 
-def test_a_diverged_jobs_page_gives_the_answer_first(embedded: Stack, tmp_path: Path) -> None:
+def check_job_page(embedded: Stack, tmp_path: Path) -> None:
+    """A diverged job's page in answer-first order. Shared with tests/e2e/test_distributed.py."""
     job = embedded.submit({"workload": "mlp", "steps": 3, "world_size": 1,
                            "configs": [{"preset": "default"}, {"preset": "default", "name": "seed1", "seed": 1}]})
     embedded.wait_job(job["id"])

@@ -177,3 +177,12 @@ def test_fix_stops_at_its_budget_with_none_and_lists_what_it_did_not_try(distrib
     assert lines[0].endswith("fix verdict none on cpu, gloo, world size 1")
     assert "  not tried: deterministic-algorithms (budget: max_trials reached)" in lines
     assert "  not tried: threads-1 (budget: max_trials reached)" in lines
+
+
+@pytest.mark.browser
+def test_the_recording_and_job_pages_read_the_same_on_the_distributed_deployment(distributed: Stack,
+                                                                                 tmp_path: Path) -> None:
+    from tests.e2e.test_browser_pages import check_job_page, check_recording_page
+
+    check_recording_page(distributed, tmp_path)
+    check_job_page(distributed, tmp_path)

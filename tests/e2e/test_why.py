@@ -94,14 +94,14 @@ def test_a_diverged_jobs_page_shows_the_checklist_and_its_evidence_opens(embedde
         # one line per item, the failing ones open: a passed item opens on a click
         assert page.locator("#why details.why-fold[open]").count() == 0
         page.screenshot(path=str(screenshot_dir(tmp_path) / "why.png"), full_page=True)
-        env.locator("summary").click()
+        env.locator("summary.why-head").click()
         env.get_by_role("link", name=f"run {cmp['run_b']} (B) env per rank").click()
         page.wait_for_url(f"**/api/v1/runs/{cmp['run_b']}/envs")
         shown = json.loads(page.locator("body").inner_text())
         assert {e["effective_env"]["NCCL_ALGO"] for e in shown} == {"Ring"} and len(shown) == 2
         page.goto(f"{embedded.url}/compare?a={cmp['run_a']}&b={cmp['run_b']}")
         expect(page.locator("#why li[data-key=env]")).to_have_attribute("data-status", "pass", timeout=30_000)
-        page.locator("#why li[data-key=ops] summary").click()
+        page.locator("#why li[data-key=ops] summary.why-head").click()
         page.locator("#why li[data-key=ops]").get_by_role("link", name="new op-audit job of mlp").click()
         page.wait_for_url("**/?kind=op-audit&workload=mlp")
         expect(page.locator("#rerun-note")).to_be_visible()
