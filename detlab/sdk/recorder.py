@@ -201,10 +201,13 @@ class Recorder:
         self._overwrite = overwrite
         self._digester = Digester()
         self._sketcher: Any = None
+        self._onepass: Any = None
         if drift:
             from detlab.tensors.drift import Sketcher
+            from detlab.tensors.onepass import OnePassQueue
 
             self._sketcher = Sketcher()
+            self._onepass = OnePassQueue()  # digests and drift from one read, where it serves the list
         self._who: Identity | None = None
         self._spool: Spool | None = None
         self._manifest: store.Manifest | None = None
@@ -261,8 +264,7 @@ class Recorder:
             raise ValueError(f"rec.grads({step}, model): no parameter has a gradient; call it after "
                              "loss.backward() and before optimizer.step() / zero_grad()")
         kept = self._filter(found)
-        sketched = self._sketcher.submit(named_tensors.local([t for _, t in kept])) if self._sketcher else None
-        self._grad_pending = (step, kept, self._digester.submit([t for _, t in kept]), sketched)
+        self._grad_pending = (step, kept, *self._queue([t for _, t in kept]))
 
     def hook_ddp(self, model: torch.nn.Module) -> None:
         """Record the allreduce of every gradient bucket of a DistributedDataParallel model (its reducer calls
@@ -316,8 +318,7 @@ class Recorder:
             self._finish("failed")  # as for a step out of order: never left `running`
             raise
         # Queued on the device now, read on the writer thread: the loop never waits for them.
-        sketched = self._sketcher.submit(named_tensors.local([t for _, t in state])) if self._sketcher else None
-        digests = self._digester.submit([t for _, t in state])
+        digests, sketched = self._queue([t for _, t in state])
         read_loss = read_scalar(loss)
         rank = self._who.rank
 
@@ -349,6 +350,15 @@ class Recorder:
         self._finish("finished" if kind is None else "failed")
 
     # ---- internals ----------------------------------------------------------------------------------
+
+    def _queue(self, tensors: list[torch.Tensor]) -> tuple[Pending, Sketched | None]:
+        """Queue the digests and (with drift) the stats and sketches of `tensors`: on one CUDA device from one
+        read of each element (detlab.tensors.onepass), else in two passes."""
+        tensors = named_tensors.local(tensors)
+        if self._onepass is not None and (both := self._onepass.submit(tensors)) is not None:
+            return both
+        sketched = self._sketcher.submit(tensors) if self._sketcher else None
+        return self._digester.submit(tensors), sketched
 
     def _check_open(self) -> None:
         if self._closed:
