@@ -33,9 +33,15 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("none", "default", "no_drift")
+# --before adds the default recorder as it was before issue 23 (two passes on CUDA, at the call on the CPU, the
+# torch fingerprint on the CPU): before and after from the same run.
+BEFORE = "default_before"
+BEFORE_ENV = {"DETLAB_ONEPASS": "0", "DETLAB_CPU_DEFER": "0", "DETLAB_FP_NUMBA": "0"}
 SIZES = {  # layers, embedding, heads, vocabulary, context, batch
     "gpt2-small": (12, 768, 12, 50257, 1024, 8),
     "tiny": (2, 64, 2, 256, 32, 2),
+    # Not a GPT: PyTorch's MNIST example's network and loop (batch 64, Adadelta, fp32), on random images.
+    "mnist": (0, 0, 0, 10, 28, 64),
 }
 
 
@@ -84,6 +90,32 @@ def build(size: str, device: Any) -> tuple[Any, Any, int, int, int]:
     return model, opt, vocab, ctx, batch
 
 
+def build_mnist(device: Any) -> tuple[Any, Any, list[tuple[Any, ...]]]:
+    """pytorch/examples' mnist/main.py: its Net, Adadelta(lr=1.0), batches of 64 (random images and labels)."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F  # noqa: N812
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(1, 32, 3, 1), nn.Conv2d(32, 64, 3, 1)
+            self.dropout1, self.dropout2 = nn.Dropout(0.25), nn.Dropout(0.5)
+            self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, 10)
+
+        def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+            x = self.dropout2(F.relu(self.fc1(torch.flatten(self.dropout1(x), 1))))
+            return F.nll_loss(F.log_softmax(self.fc2(x), dim=1), target)
+
+    torch.manual_seed(0)
+    model = Net().to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    batches = [(torch.randn(64, 1, 28, 28, device=device, generator=g),
+                torch.randint(0, 10, (64,), device=device, generator=g)) for _ in range(16)]
+    return model, torch.optim.Adadelta(model.parameters(), lr=1.0), batches
+
+
 # ---- one process: one mode ------------------------------------------------------------------------------
 def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
@@ -92,17 +124,23 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
-    model, opt, vocab, ctx, batch = build(args.size, device)
+    autocast = args.size != "mnist"  # the MNIST example trains in fp32
+    if args.size == "mnist":
+        model, opt, batches = build_mnist(device)
+    else:
+        model, opt, vocab, ctx, batch = build(args.size, device)
+        g = torch.Generator(device=device).manual_seed(0)
+        # Random tokens made up front: the loop reads its data, it does not make it.
+        batches = [(torch.randint(0, vocab, (batch, ctx), device=device, generator=g),) for _ in range(16)]
     if args.compile:
         model = torch.compile(model)
-    g = torch.Generator(device=device).manual_seed(0)
-    # Random tokens made up front: the loop reads its data, it does not make it.
-    data = torch.randint(0, vocab, (16, batch, ctx), device=device, generator=g)
     rec = None
     if args.mode != "none":
         import detlab
 
-        rec = detlab.Recorder(out=Path(args.rec_dir) / f"{args.mode}-{os.getpid()}", drift=args.mode == "default")
+        if args.mode == BEFORE:
+            os.environ.update(BEFORE_ENV)
+        rec = detlab.Recorder(out=Path(args.rec_dir) / f"{args.mode}-{os.getpid()}", drift=args.mode != "no_drift")
 
     def sync() -> None:
         if device.type == "cuda":
@@ -113,8 +151,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     def steps(n: int) -> None:
         nonlocal step
         for _ in range(n):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = model(data[step % len(data)])
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                loss = model(*batches[step % len(batches)])
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -135,6 +173,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         rec.close()  # outside the timed blocks; every step's record must be there
         from detlab.sdk import load_run
 
+        assert rec.out is not None
         recorded = len(load_run(rec.out).steps())
     return {"mode": args.mode, "pid": os.getpid(), "block_ms": blocks, "steps_recorded": recorded,
             "steps": step, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -157,17 +196,20 @@ def main() -> None:
     p.add_argument("--block-steps", type=int, default=20, help="steps per block")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--out", type=Path, default=None, help="directory for sdk_overhead.json")
-    p.add_argument("--child", dest="mode", choices=MODES, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--before", action="store_true",
+                   help=f"also a mode {BEFORE}: the default recorder with {BEFORE_ENV}")
+    p.add_argument("--child", dest="mode", choices=(*MODES, BEFORE), default=None, help=argparse.SUPPRESS)
     p.add_argument("--rec-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.mode is not None:
         print(json.dumps(child(args)), flush=True)
         return
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    modes = (*MODES, BEFORE) if args.before else MODES
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as rec_dir:
         for r in range(args.procs):
             # Rotate the order every round: no mode always runs first (cold caches) or last.
-            order = MODES[r % 3:] + MODES[: r % 3]
+            order = modes[r % len(modes):] + modes[: r % len(modes)]
             for mode in order:
                 cmd = [sys.executable, __file__, "--child", mode, "--rec-dir", rec_dir, "--device", args.device,
                        "--size", args.size, "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
@@ -177,29 +219,40 @@ def main() -> None:
                     sys.exit(f"{mode} process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 runs[mode].append(result)
-                print(f"round {r} {mode:8s} median {statistics.median(result['block_ms']):.3f} ms/step "
+                print(f"round {r} {mode:16s} median {statistics.median(result['block_ms']):.3f} ms/step "
                       f"(blocks {min(result['block_ms']):.3f}-{max(result['block_ms']):.3f})", flush=True)
                 if mode != "none" and result["steps_recorded"] != result["steps"]:
                     sys.exit(f"{mode}: {result['steps_recorded']} of {result['steps']} steps recorded")
-    step_ms = {m: statistics.median(b for run in runs[m] for b in run["block_ms"]) for m in MODES}
-    per_proc = {m: [statistics.median(run["block_ms"]) for run in runs[m]] for m in MODES}
+            # After every round, so that a run cut short still leaves its figures.
+            written = write(args, runs, final=r == args.procs - 1)
+    print(json.dumps({k: written[k] for k in ("device", "model", "step_ms", "overhead_pct", "processes_per_mode",
+                                              "blocks")}, indent=1))
+
+
+def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final: bool) -> dict[str, Any]:
+    modes = list(runs)
+    recorded = [m for m in modes if m != "none"]
+    step_ms = {m: statistics.median(b for run in runs[m] for b in run["block_ms"]) for m in modes}
+    per_proc = {m: [statistics.median(run["block_ms"]) for run in runs[m]] for m in modes}
     device = runs["none"][0]["device"]
     layers, embd, heads, vocab, ctx, batch = SIZES[args.size]
+    model = (f"{args.size} ({layers} layers, {embd} wide, {heads} heads, vocab {vocab}) batch {batch} x {ctx}, "
+             f"SDPA, {'fused' if 'cuda' in args.device else 'foreach'} AdamW, bf16 autocast")
+    if args.size == "mnist":
+        model = "PyTorch's MNIST example (2 conv, 2 linear, dropout) batch 64, Adadelta, fp32"
     result = {
         "device": device,
-        "model": f"{args.size} ({layers} layers, {embd} wide, {heads} heads, vocab {vocab}) batch {batch} x {ctx}, "
-                 f"SDPA, {'fused' if 'cuda' in args.device else 'foreach'} AdamW, bf16 autocast"
-                 f"{', torch.compile' if args.compile else ''}",
+        "model": model + (", torch.compile" if args.compile else ""),
         "step_ms": step_ms,
-        "overhead_pct": {m: (step_ms[m] / step_ms["none"] - 1) * 100 for m in ("default", "no_drift")},
-        "processes_per_mode": args.procs,
+        "overhead_pct": {m: (step_ms[m] / step_ms["none"] - 1) * 100 for m in recorded},
+        "processes_per_mode": len(runs["none"]),
         "blocks": args.blocks,
         "block_steps": args.block_steps,
+        "complete": final,
         "per_process_median_ms": per_proc,
         "per_process_overhead_pct": {
-            m: [(a / b - 1) * 100 for a, b in zip(per_proc[m], per_proc["none"], strict=True)]
-            for m in ("default", "no_drift")},
-        "block_ms": {m: [run["block_ms"] for run in runs[m]] for m in MODES},
+            m: [(a / b - 1) * 100 for a, b in zip(per_proc[m], per_proc["none"], strict=False)] for m in recorded},
+        "block_ms": {m: [run["block_ms"] for run in runs[m]] for m in modes},
         "torch": runs["none"][0]["torch"],
         "date": datetime.date.today().isoformat(),
     }
@@ -207,9 +260,8 @@ def main() -> None:
     out = args.out or Path("results") / f"{result['date']}-{device_tag(device)}-sdk-overhead"
     out.mkdir(parents=True, exist_ok=True)
     (out / "sdk_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("device", "model", "step_ms", "overhead_pct", "processes_per_mode",
-                                             "blocks")}, indent=1))
-    print(f"wrote {out / 'sdk_overhead.json'}")
+    print(f"wrote {out / 'sdk_overhead.json'} ({len(runs['none'])} of {args.procs} rounds)", flush=True)
+    return result
 
 
 if __name__ == "__main__":

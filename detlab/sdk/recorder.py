@@ -69,6 +69,27 @@ def _drift(state: Sketched | None, grads: Sketched | None) -> Drift | None:
     return Drift(stats="".join(f[0].hex() for f in found if f), sketch="".join(f[1].hex() for f in found if f))
 
 
+# CPU lists up to this size are copied at the call and digested on the writer thread; the spool holds at most
+# its depth of such copies. Larger ones are digested at the call (no copies of a large model piling up).
+SNAPSHOT_BYTES = 1 << 30
+
+
+def cpu_snapshot(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+    """A copy of a list of CPU tensors (None if any is elsewhere, the list is empty or larger than
+    SNAPSHOT_BYTES, or DETLAB_CPU_DEFER=0): same logical bytes, so the same digests and sketches."""
+    import torch
+
+    if (not tensors or os.environ.get("DETLAB_CPU_DEFER") == "0" or any(t.device.type != "cpu" for t in tensors)
+            or sum(t.nbytes for t in tensors) > SNAPSHOT_BYTES):
+        return None
+    from detlab.tensors.fingerprint.torch_impl import check_supported
+
+    for t in tensors:  # a tensor that cannot be hashed is refused at the call, as before, not on the writer
+        check_supported(t)
+    with torch.no_grad():
+        return [t.detach().clone() for t in tensors]
+
+
 def _drain_at_exit(ref: weakref.ReferenceType[Recorder]) -> Callable[[], None]:
     def drain() -> None:
         recorder = ref()
@@ -353,10 +374,18 @@ class Recorder:
 
     def _queue(self, tensors: list[torch.Tensor]) -> tuple[Pending, Sketched | None]:
         """Queue the digests and (with drift) the stats and sketches of `tensors`: on one CUDA device from one
-        read of each element (detlab.tensors.onepass), else in two passes."""
+        read of each element (detlab.tensors.onepass); on the CPU from a snapshot, on the writer thread;
+        else in two passes at the call."""
         tensors = named_tensors.local(tensors)
         if self._onepass is not None and (both := self._onepass.submit(tensors)) is not None:
             return both
+        if (snapshot := cpu_snapshot(tensors)) is not None:
+            # The loop pays one copy; the writer thread hashes and sketches the copy, which nothing changes.
+            from detlab.tensors import fingerprint as fp
+
+            digests = Pending(len(snapshot))
+            digests.add(list(range(len(snapshot))), lambda: fp.fingerprint_many(snapshot))
+            return digests, self._sketcher.submit(snapshot, defer_cpu=True) if self._sketcher else None
         sketched = self._sketcher.submit(tensors) if self._sketcher else None
         return self._digester.submit(tensors), sketched
 
