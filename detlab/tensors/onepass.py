@@ -51,11 +51,14 @@ class OnePassQueue:
         from detlab.tensors import fingerprint as fp
 
         kernel = _kernel()
-        if kernel is None or fp.implementation_name(device) != "triton" or not all(map(kernel.supported, tensors)):
+        if kernel is None or fp.implementation_name(device) != "triton":
             return None
         if self._runner is None:
             self._runner = kernel.OnePass()
-        result = _once(self._runner.submit([t.detach() for t in tensors], range(len(tensors))))
+        queued = self._runner.submit(tensors, range(len(tensors)))  # pointers only: no detach per tensor
+        if queued is None:  # a tensor the kernel does not read in place
+            return None
+        result = _once(queued)
         pending = Pending(len(tensors))
         pending.add(list(range(len(tensors))), lambda: result()[0])
 

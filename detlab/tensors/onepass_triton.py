@@ -273,10 +273,14 @@ class OnePass:
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._lock = threading.Lock()
 
-    def _slot(self, key: tuple[Any, ...], tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> tuple[Plan, Slot]:
+    def _slot(self, key: tuple[Any, ...], tensors: Sequence[torch.Tensor],
+              indices: Sequence[int]) -> tuple[Plan, Slot] | None:
         with self._lock:
             p = self._plans.pop(key, None)
             if p is None:
+                # Checked once per plan: a kept plan's key (pointers, sizes, dtypes, contiguity) pins the rest.
+                if not all(map(supported, tensors)):
+                    return None
                 with torch.no_grad():
                     p = plan(tensors, indices)
             self._plans[key] = p  # most recently used last
@@ -297,13 +301,17 @@ class OnePass:
             s.busy = False
 
     def submit(self, tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> Any:
-        """Queue the work for `tensors` (all `supported`, on one CUDA device) on the current stream; returns a
-        function, callable from any thread, that waits for this step's copies alone and gives
-        (digests, float64[n, 3 + K] values)."""
+        """Queue the work for `tensors` (on one CUDA device) on the current stream; returns a function, callable
+        from any thread, that waits for this step's copies alone and gives (digests, float64[n, 3 + K]
+        values); None, queueing nothing, if a tensor is not `supported`."""
         T = torch.Tensor  # noqa: N806
         key = (tensors[0].device, tuple(map(T.data_ptr, tensors)), tuple(t.nbytes for t in tensors),
-               tuple(t.dtype for t in tensors), tuple(indices))
-        p, s = self._slot(key, tensors, indices)
+               tuple(t.dtype for t in tensors), tuple(map(T.is_contiguous, tensors)),
+               tuple(map(T.is_conj, tensors)), tuple(map(T.is_neg, tensors)), tuple(indices))
+        found = self._slot(key, tensors, indices)
+        if found is None:
+            return None
+        p, s = found
         with torch.cuda.device(p.device):
             run(p, s)
             done = torch.cuda.Event()

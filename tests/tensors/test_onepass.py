@@ -142,3 +142,14 @@ def test_a_training_step_captured_as_a_cuda_graph_is_recorded_outside_it(tmp_pat
     got = step_records(tmp_path / "g")
     assert {s: digests_of(r) for s, r in got.items()} == expected
     assert len(set(map(tuple, expected.values()))) == 4  # the weights changed at every replay
+
+
+@needs_cuda
+def test_a_list_the_kernel_cannot_read_in_place_is_left_to_the_two_passes() -> None:
+    from detlab.tensors.onepass import OnePassQueue
+
+    dev = torch.device("cuda", 0)
+    floats = torch.randn(100, device=dev)
+    assert OnePassQueue().submit([floats]) is not None
+    assert OnePassQueue().submit([floats, torch.arange(5, device=dev)]) is None  # an integer tensor
+    assert OnePassQueue().submit([floats, torch.randn(4, 6, device=dev).t()]) is None  # not contiguous
