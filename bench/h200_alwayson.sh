@@ -13,9 +13,9 @@ mkdir -p "$OUT"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 # Tests first, bounded, so that the bench runs whatever they do.
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/tensors/test_onepass.py \
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/tensors/test_onepass.py \
   tests/tensors/test_drift.py tests/sdk/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"
 echo "${PIPESTATUS[0]}" > "$OUT/gpu_tests.rc"
-timeout 230 python3 bench/sdk_overhead.py --procs 3 --blocks 8 --block-steps 20 --warmup 10 --before \
+timeout 210 python3 bench/sdk_overhead.py --procs 3 --blocks 8 --block-steps 20 --warmup 10 --before \
   --out "$OUT/$(date -u +%F)-h200-sdk-overhead" 2>&1 | tee "$OUT/sdk_overhead.txt"
 echo "tests exit $(cat "$OUT/gpu_tests.rc"); bench exit ${PIPESTATUS[0]}"
