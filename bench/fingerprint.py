@@ -233,6 +233,16 @@ def bench_cpu(res: dict[str, Any]) -> None:
     raw = x.numpy().view(np.uint8).data
     res["numpy reference fingerprint"] = bandwidth(nbytes, time_cpu(lambda: fingerprint_bytes(raw), 3))
     res["hashlib sha256"] = bandwidth(nbytes, time_cpu(lambda: hashlib.sha256(raw).digest(), 3))
+    from detlab.tensors.fingerprint import cpu_impl
+
+    if cpu_impl.available():  # the compiled kernel (numba), every core; interleaved with sha256 for a fair ratio
+        fast, sha = [], []
+        for _ in range(7):
+            fast += time_cpu(lambda: cpu_impl.fingerprint_cpu(x), 1)
+            sha += time_cpu(lambda: hashlib.sha256(raw).digest(), 1, warmup=0)
+        res["numba-cpu fingerprint"] = bandwidth(nbytes, fast)
+        res["hashlib sha256, interleaved with numba-cpu"] = bandwidth(nbytes, sha)
+        res["numba-cpu / sha256 (median speed ratio)"] = round(statistics.median(sha) / statistics.median(fast), 2)
 
 
 def bench_sum_reference(nbytes: int) -> dict[str, float]:

@@ -1,167 +1,268 @@
-"""On a CUDA GPU: (1) the recorder's asynchronous digests equal synchronous ones even when the tensors are
-changed in place right after rec.grads / rec.step on a busy stream; (2) overhead on GPT-2-small training,
-interleaved blocks (baseline, recorder, synchronous fingerprint_many), CUDA-event timed; medians and
-quartiles over blocks. Needs transformers (for the model, built from a config: no download).
+"""What `detlab.Recorder` costs a training loop, measured as a user's loop would see it.
 
-    python bench/sdk_overhead.py OUT_DIR ROUNDS BLOCK     # e.g. OUT_DIR 6 20; writes OUT_DIR/sdk_gpu.json
+A lean GPT-2 written in plain PyTorch (SDPA attention, fused AdamW, bf16 autocast; no HF) trains in one process
+per mode: `none` (no recorder), `default` (`detlab.Recorder(out=...)`, drift on) and `no_drift`
+(`Recorder(drift=False)`). Processes run interleaved (none, default, no_drift, then the next round in another
+order), `--procs` per mode, so that a slow phase of the machine hits every mode. In each process, after warm-up,
+`--blocks` blocks of `--block-steps` steps are timed by the wall clock with a device sync only at each block's
+end: per step, what the loop pays, the host's work included. Each mode's step is the median over all its blocks;
+the overhead is that median against `none`'s.
+
+    python bench/sdk_overhead.py                          # GPT-2 small, batch 8 x 1024, on cuda:0
+    python bench/sdk_overhead.py --device cpu --size tiny --procs 1 --blocks 2 --block-steps 2   # a smoke test
+
+It writes `--out DIR/sdk_overhead.json` (default results/<date>-<device>-sdk-overhead/) = {"device", "model",
+"step_ms": {"none", "default", "no_drift"}, "overhead_pct": {"default", "no_drift"}, "processes_per_mode",
+"blocks"} plus every block's time per process, and prints it.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
+import math
+import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+MODES = ("none", "default", "no_drift")
+# --before adds the default recorder as it was before issue 23 (two passes on CUDA, at the call on the CPU, the
+# torch fingerprint on the CPU): before and after from the same run.
+BEFORE = "default_before"
+BEFORE_ENV = {"DETLAB_ONEPASS": "0", "DETLAB_CPU_DEFER": "0", "DETLAB_FP_NUMBA": "0"}
+SIZES = {  # layers, embedding, heads, vocabulary, context, batch
+    "gpt2-small": (12, 768, 12, 50257, 1024, 8),
+    "tiny": (2, 64, 2, 256, 32, 2),
+    # Not a GPT: PyTorch's MNIST example's network and loop (batch 64, Adadelta, fp32), on random images.
+    "mnist": (0, 0, 0, 10, 28, 64),
+}
 
-import detlab
-from detlab.sdk import load_run
-from detlab.tensors.fingerprint import FP_VERSION, fingerprint_many, implementation_name
 
-dev = torch.device("cuda", 0)
-print("device", torch.cuda.get_device_name(dev), "torch", torch.__version__, "impl", implementation_name(dev))
+# ---- the model: nanoGPT-like GPT-2 in plain torch --------------------------------------------------------
+def build(size: str, device: Any) -> tuple[Any, Any, int, int, int]:
+    import torch
+    from torch import nn
+    from torch.nn import functional as F  # noqa: N812
 
+    layers, embd, heads, vocab, ctx, batch = SIZES[size]
 
-def gpt2(layers: int, embd: int, heads: int) -> torch.nn.Module:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(embd), nn.LayerNorm(embd)
+            self.qkv, self.proj = nn.Linear(embd, 3 * embd), nn.Linear(embd, embd)
+            self.fc, self.out = nn.Linear(embd, 4 * embd), nn.Linear(4 * embd, embd)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, c = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, c // heads).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+            return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, embd), nn.Embedding(ctx, embd)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln_f = nn.LayerNorm(embd)
+            self.head = nn.Linear(embd, vocab, bias=False)
+            self.head.weight = self.wte.weight  # tied, as GPT-2's
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
+            for block in self.blocks:
+                x = block(x)
+            logits = self.head(self.ln_f(x))
+            return F.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(), ids[:, 1:].reshape(-1))
+
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=layers, n_embd=embd, n_head=heads, n_positions=1024)
-    return GPT2LMHeadModel(cfg).to(dev)
+    model = GPT().to(device)
+    fused = device.type == "cuda"  # fused AdamW on CUDA, as a lean loop would; foreach on the CPU
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused, foreach=None if fused else True)
+    return model, opt, vocab, ctx, batch
 
 
-def batch(step: int, b: int, t: int) -> torch.Tensor:
-    g = torch.Generator(device=dev).manual_seed(step)
-    return torch.randint(0, 50257, (b, t), device=dev, generator=g)
+def build_mnist(device: Any) -> tuple[Any, Any, list[tuple[Any, ...]]]:
+    """pytorch/examples' mnist/main.py: its Net, Adadelta(lr=1.0), batches of 64 (random images and labels)."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F  # noqa: N812
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(1, 32, 3, 1), nn.Conv2d(32, 64, 3, 1)
+            self.dropout1, self.dropout2 = nn.Dropout(0.25), nn.Dropout(0.5)
+            self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, 10)
+
+        def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+            x = self.dropout2(F.relu(self.fc1(torch.flatten(self.dropout1(x), 1))))
+            return F.nll_loss(F.log_softmax(self.fc2(x), dim=1), target)
+
+    torch.manual_seed(0)
+    model = Net().to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    batches = [(torch.randn(64, 1, 28, 28, device=device, generator=g),
+                torch.randint(0, 10, (64,), device=device, generator=g)) for _ in range(16)]
+    return model, torch.optim.Adadelta(model.parameters(), lr=1.0), batches
 
 
-def lm_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor) -> torch.Tensor:
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(input_ids=ids, labels=ids).loss
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    return loss
+# ---- one process: one mode ------------------------------------------------------------------------------
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
 
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+    autocast = args.size != "mnist"  # the MNIST example trains in fp32
+    if args.size == "mnist":
+        model, opt, batches = build_mnist(device)
+    else:
+        model, opt, vocab, ctx, batch = build(args.size, device)
+        g = torch.Generator(device=device).manual_seed(0)
+        # Random tokens made up front: the loop reads its data, it does not make it.
+        batches = [(torch.randint(0, vocab, (batch, ctx), device=device, generator=g),) for _ in range(16)]
+    if args.compile:
+        model = torch.compile(model)
+    rec = None
+    if args.mode != "none":
+        import detlab
 
-# ---- (1) correctness -----------------------------------------------------------------------------------
-def correctness(out: Path) -> dict:
-    model = gpt2(2, 256, 4)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    big = torch.randn(8192, 8192, device=dev)
-    expected = {}
-    with detlab.Recorder(out=out, grads=True, optimizer=opt, buffers=True) as rec:
-        for step in range(8):
-            loss = lm_step(model, opt, batch(step, 4, 256))
-            grads = [p.grad for p in model.parameters()]
-            want_g = fingerprint_many(grads)  # synchronous
-            _ = big @ big  # keep the stream busy so the recorder's launch is still queued below
-            rec.grads(step, model)
-            for g in grads:
-                g.mul_(0.5)  # in place, queued after rec.grads: must not be in the recorded digests
-            opt.step()
-            named = [(n, p) for n, p in model.named_parameters()] + list(model.named_buffers())
-            state = [t for _, t in named] + [v for p in model.parameters() for _, v in sorted(opt.state[p].items())
-                                             if isinstance(v, torch.Tensor)]
-            want_s = fingerprint_many(state)
-            _ = big @ big
-            rec.step(step, model, loss=loss)
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(1e-3)  # queued after rec.step: must not be seen either
-            expected[step] = want_s + want_g
-    lines = [json.loads(x) for x in (out / "rank0.jsonl").read_text().splitlines()]
-    steps = {r["step"]: r for r in lines if r["type"] == "step"}
-    bad = []
-    for step, want in expected.items():
-        got = [f"{FP_VERSION}:" + steps[step]["digests"][32 * i: 32 * i + 32] for i in range(len(want))]
-        if got != want:
-            bad.append(step)
-    env = lines[0]
-    return {"steps": len(steps), "tensors": len(expected[0]), "mismatched_steps": bad,
-            "env": {k: env[k] for k in ("device", "driver", "cuda", "torch", "nccl", "fingerprint_impl")}}
+        if args.mode == BEFORE:
+            os.environ.update(BEFORE_ENV)
+        rec = detlab.Recorder(out=Path(args.rec_dir) / f"{args.mode}-{os.getpid()}", drift=args.mode != "no_drift")
 
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
-# ---- (2) overhead ------------------------------------------------------------------------------------
-def overhead(out: Path, rounds: int, block: int) -> dict:
-    model = gpt2(12, 768, 12)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    params = [p.detach() for p in model.parameters()]
-    rec = detlab.Recorder(out=out)
-    times: dict[str, list[float]] = {"baseline": [], "recorder": [], "sync": []}
-    host: list[float] = []
     step = 0
 
-    def run(mode: str, n: int, timed: bool) -> None:
+    def steps(n: int) -> None:
         nonlocal step
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
         for _ in range(n):
-            loss = lm_step(model, opt, batch(step, 8, 1024))
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                loss = model(*batches[step % len(batches)])
+            loss.backward()
             opt.step()
-            if mode == "recorder":
-                t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            if rec is not None:
                 rec.step(step, model, loss=loss)
-                if timed:
-                    host.append(time.perf_counter() - t0)
-            elif mode == "sync":
-                fingerprint_many(params)
             step += 1
-        end.record()
-        end.synchronize()
-        if timed:
-            times[mode].append(start.elapsed_time(end) / n)
 
-    for mode in times:  # warm-up: compile, autotune, plans
-        run(mode, 5, False)
-    for r in range(rounds):
-        order = list(times) if r % 2 == 0 else list(reversed(times))
-        for mode in order:
-            run(mode, block, True)
-    # rec.step's own host time, with the GPU idle and the writer caught up (no back-pressure in it)
-    idle: list[float] = []
-    for _ in range(30):
-        loss = lm_step(model, opt, batch(step, 8, 1024))
-        opt.step()
-        torch.cuda.synchronize()
-        while not rec._spool._jobs.empty():
-            time.sleep(0.001)
-        time.sleep(0.005)
+    steps(args.warmup)
+    sync()
+    blocks = []
+    for _ in range(args.blocks):
         t0 = time.perf_counter()
-        rec.step(step, model, loss=loss)
-        idle.append(time.perf_counter() - t0)
-        step += 1
-    rec.close()
+        steps(args.block_steps)
+        sync()
+        blocks.append((time.perf_counter() - t0) / args.block_steps * 1e3)
+    recorded = None
+    if rec is not None:
+        rec.close()  # outside the timed blocks; every step's record must be there
+        from detlab.sdk import load_run
 
-    def summary(v: list[float]) -> dict:
-        q = statistics.quantiles(v, n=4)
-        return {"median_ms": statistics.median(v), "q1": q[0], "q3": q[2], "blocks": len(v)}
+        assert rec.out is not None
+        recorded = len(load_run(rec.out).steps())
+    return {"mode": args.mode, "pid": os.getpid(), "block_ms": blocks, "steps_recorded": recorded,
+            "steps": step, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__}
 
-    base = statistics.median(times["baseline"])
-    return {
-        "model_params": sum(p.numel() for p in params), "tensors": len(params), "batch": [8, 1024],
-        "per_mode": {m: summary(v) for m, v in times.items()},
-        "overhead_recorder_pct": (statistics.median(times["recorder"]) / base - 1) * 100,
-        "overhead_sync_pct": (statistics.median(times["sync"]) / base - 1) * 100,
-        "per_block_overhead_recorder_pct": [(a / b - 1) * 100
-                                            for a, b in zip(times["recorder"], times["baseline"], strict=True)],
-        "rec_step_host_us": {"median": statistics.median(host) * 1e6,
-                             "p90": statistics.quantiles(host, n=10)[8] * 1e6},
-        "rec_step_host_us_idle_gpu": {"median": statistics.median(idle) * 1e6,
-                                      "q1": statistics.quantiles(idle, n=4)[0] * 1e6,
-                                      "q3": statistics.quantiles(idle, n=4)[2] * 1e6},
-        "steps_recorded": len(load_run(out).steps()),
+
+# ---- the parent: interleaved processes -------------------------------------------------------------------
+def device_tag(name: str) -> str:
+    found = re.search(r"\b([A-Z]\d{2,4}[A-Za-z]*)\b", name)
+    return (found.group(1) if found else name.split()[0]).lower()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--size", choices=SIZES, default="gpt2-small")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--procs", type=int, default=3, help="processes per mode (interleaved)")
+    p.add_argument("--blocks", type=int, default=10, help="timed blocks per process")
+    p.add_argument("--block-steps", type=int, default=20, help="steps per block")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--out", type=Path, default=None, help="directory for sdk_overhead.json")
+    p.add_argument("--before", action="store_true",
+                   help=f"also a mode {BEFORE}: the default recorder with {BEFORE_ENV}")
+    p.add_argument("--child", dest="mode", choices=(*MODES, BEFORE), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rec-dir", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.mode is not None:
+        print(json.dumps(child(args)), flush=True)
+        return
+    modes = (*MODES, BEFORE) if args.before else MODES
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory() as rec_dir:
+        for r in range(args.procs):
+            # Rotate the order every round: no mode always runs first (cold caches) or last.
+            order = modes[r % len(modes):] + modes[: r % len(modes)]
+            for mode in order:
+                cmd = [sys.executable, __file__, "--child", mode, "--rec-dir", rec_dir, "--device", args.device,
+                       "--size", args.size, "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
+                       "--warmup", str(args.warmup), *(["--compile"] if args.compile else [])]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0:
+                    sys.exit(f"{mode} process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+                result = json.loads(done.stdout.strip().splitlines()[-1])
+                runs[mode].append(result)
+                print(f"round {r} {mode:16s} median {statistics.median(result['block_ms']):.3f} ms/step "
+                      f"(blocks {min(result['block_ms']):.3f}-{max(result['block_ms']):.3f})", flush=True)
+                if mode != "none" and result["steps_recorded"] != result["steps"]:
+                    sys.exit(f"{mode}: {result['steps_recorded']} of {result['steps']} steps recorded")
+            # After every round, so that a run cut short still leaves its figures.
+            written = write(args, runs, final=r == args.procs - 1)
+    print(json.dumps({k: written[k] for k in ("device", "model", "step_ms", "overhead_pct", "processes_per_mode",
+                                              "blocks")}, indent=1))
+
+
+def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final: bool) -> dict[str, Any]:
+    modes = list(runs)
+    recorded = [m for m in modes if m != "none"]
+    step_ms = {m: statistics.median(b for run in runs[m] for b in run["block_ms"]) for m in modes}
+    per_proc = {m: [statistics.median(run["block_ms"]) for run in runs[m]] for m in modes}
+    device = runs["none"][0]["device"]
+    layers, embd, heads, vocab, ctx, batch = SIZES[args.size]
+    model = (f"{args.size} ({layers} layers, {embd} wide, {heads} heads, vocab {vocab}) batch {batch} x {ctx}, "
+             f"SDPA, {'fused' if 'cuda' in args.device else 'foreach'} AdamW, bf16 autocast")
+    if args.size == "mnist":
+        model = "PyTorch's MNIST example (2 conv, 2 linear, dropout) batch 64, Adadelta, fp32"
+    result = {
+        "device": device,
+        "model": model + (", torch.compile" if args.compile else ""),
+        "step_ms": step_ms,
+        "overhead_pct": {m: (step_ms[m] / step_ms["none"] - 1) * 100 for m in recorded},
+        "processes_per_mode": len(runs["none"]),
+        "blocks": args.blocks,
+        "block_steps": args.block_steps,
+        "complete": final,
+        "per_process_median_ms": per_proc,
+        "per_process_overhead_pct": {
+            m: [(a / b - 1) * 100 for a, b in zip(per_proc[m], per_proc["none"], strict=False)] for m in recorded},
+        "block_ms": {m: [run["block_ms"] for run in runs[m]] for m in modes},
+        "torch": runs["none"][0]["torch"],
+        "date": datetime.date.today().isoformat(),
     }
+    assert all(math.isfinite(v) for v in step_ms.values())
+    out = args.out or Path("results") / f"{result['date']}-{device_tag(device)}-sdk-overhead"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sdk_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out / 'sdk_overhead.json'} ({len(runs['none'])} of {args.procs} rounds)", flush=True)
+    return result
 
 
 if __name__ == "__main__":
-    outdir = Path(sys.argv[1])
-    outdir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp())
-    result = {"correctness": correctness(tmp / "c")}
-    print(json.dumps(result), flush=True)
-    result["overhead"] = overhead(tmp / "o", rounds=int(sys.argv[2]), block=int(sys.argv[3]))
-    print(json.dumps(result, indent=1))
-    (outdir / "sdk_gpu.json").write_text(json.dumps(result, indent=1))
+    main()

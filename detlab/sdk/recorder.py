@@ -70,6 +70,27 @@ def _drift(state: Sketched | None, grads: Sketched | None) -> Drift | None:
     return Drift(stats="".join(f[0].hex() for f in found if f), sketch="".join(f[1].hex() for f in found if f))
 
 
+# CPU lists up to this size are copied at the call and digested on the writer thread; the spool holds at most
+# its depth of such copies. Larger ones are digested at the call (no copies of a large model piling up).
+SNAPSHOT_BYTES = 1 << 30
+
+
+def cpu_snapshot(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+    """A copy of a list of CPU tensors (None if any is elsewhere, the list is empty or larger than
+    SNAPSHOT_BYTES, or DETLAB_CPU_DEFER=0): same logical bytes, so the same digests and sketches."""
+    import torch
+
+    if (not tensors or os.environ.get("DETLAB_CPU_DEFER") == "0" or any(t.device.type != "cpu" for t in tensors)
+            or sum(t.nbytes for t in tensors) > SNAPSHOT_BYTES):
+        return None
+    from detlab.tensors.fingerprint.torch_impl import check_supported
+
+    for t in tensors:  # a tensor that cannot be hashed is refused at the call, as before, not on the writer
+        check_supported(t)
+    with torch.no_grad():
+        return [t.detach().clone() for t in tensors]
+
+
 def _drain_at_exit(ref: weakref.ReferenceType[Recorder]) -> Callable[[], None]:
     def drain() -> None:
         recorder = ref()
@@ -200,10 +221,13 @@ class Recorder:
         self._overwrite = overwrite
         self._digester = Digester()
         self._sketcher: Any = None
+        self._onepass: Any = None
         if drift:
             from detlab.tensors.drift import Sketcher
+            from detlab.tensors.onepass import OnePassQueue
 
             self._sketcher = Sketcher()
+            self._onepass = OnePassQueue()  # digests and drift from one read, where it serves the list
         self._who: Identity | None = None
         self._spool: Spool | None = None
         self._manifest: store.Manifest | None = None
@@ -260,8 +284,7 @@ class Recorder:
             raise ValueError(f"rec.grads({step}, model): no parameter has a gradient; call it after "
                              "loss.backward() and before optimizer.step() / zero_grad()")
         kept = self._filter(found)
-        sketched = self._sketcher.submit(named_tensors.local([t for _, t in kept])) if self._sketcher else None
-        self._grad_pending = (step, kept, self._digester.submit([t for _, t in kept]), sketched)
+        self._grad_pending = (step, kept, *self._queue([t for _, t in kept]))
 
     def hook_ddp(self, model: torch.nn.Module) -> None:
         """Record the allreduce of every gradient bucket of a DistributedDataParallel model (its reducer calls
@@ -315,8 +338,7 @@ class Recorder:
             self._finish("failed")  # as for a step out of order: never left `running`
             raise
         # Queued on the device now, read on the writer thread: the loop never waits for them.
-        sketched = self._sketcher.submit(named_tensors.local([t for _, t in state])) if self._sketcher else None
-        digests = self._digester.submit([t for _, t in state])
+        digests, sketched = self._queue([t for _, t in state])
         read_loss = read_scalar(loss)
         rank = self._who.rank
 
@@ -348,6 +370,23 @@ class Recorder:
         self._finish("finished" if kind is None else "failed")
 
     # ---- internals ----------------------------------------------------------------------------------
+
+    def _queue(self, tensors: list[torch.Tensor]) -> tuple[Pending, Sketched | None]:
+        """Queue the digests and (with drift) the stats and sketches of `tensors`: on one CUDA device from one
+        read of each element (detlab.tensors.onepass); on the CPU from a snapshot, on the writer thread;
+        else in two passes at the call."""
+        tensors = named_tensors.local(tensors)
+        if self._onepass is not None and (both := self._onepass.submit(tensors)) is not None:
+            return both
+        if (snapshot := cpu_snapshot(tensors)) is not None:
+            # The loop pays one copy; the writer thread hashes and sketches the copy, which nothing changes.
+            from detlab.tensors import fingerprint as fp
+
+            digests = Pending(len(snapshot))
+            digests.add(list(range(len(snapshot))), lambda: fp.fingerprint_many(snapshot))
+            return digests, self._sketcher.submit(snapshot, defer_cpu=True) if self._sketcher else None
+        sketched = self._sketcher.submit(tensors) if self._sketcher else None
+        return self._digester.submit(tensors), sketched
 
     def _check_open(self) -> None:
         if self._closed:

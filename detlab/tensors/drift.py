@@ -156,16 +156,19 @@ class Sketcher:
             return kernel.compute(group, idx, device)
         return self._compute(group, idx, device)
 
-    def submit(self, tensors: Sequence[torch.Tensor]) -> Callable[[], tuple[bytes, bytes] | None]:
+    def submit(self, tensors: Sequence[torch.Tensor], *,
+               defer_cpu: bool = False) -> Callable[[], tuple[bytes, bytes] | None]:
         """Queue the work for `tensors` (read as they are now). The returned function gives (stats, sketch)
         packed as detlab.core.sketch packs them, or None where a value is not finite (a model that blew up:
-        its digests are still recorded) or the list is longer than sketch.MAX_TENSORS."""
+        its digests are still recorded) or the list is longer than sketch.MAX_TENSORS. With `defer_cpu` the
+        CPU tensors' pass runs when the function is called (on the recorder's writer thread): the caller
+        hands over tensors nothing changes (a snapshot)."""
         if len(tensors) > sketch.MAX_TENSORS:
             return lambda: None
         by_device: dict[torch.device, list[int]] = {}
         for i, t in enumerate(tensors):
             by_device.setdefault(t.device, []).append(i)
-        parts: list[tuple[list[int], torch.Tensor, torch.cuda.Event | None]] = []
+        parts: list[tuple[list[int], torch.Tensor | Callable[[], torch.Tensor], torch.cuda.Event | None]] = []
         for device, idx in by_device.items():
             group = [tensors[i].detach() for i in idx]
             if device.type == "cuda":
@@ -176,6 +179,9 @@ class Sketcher:
                     done = torch.cuda.Event()
                     done.record()
                 parts.append((idx, host, done))
+            elif defer_cpu:  # the plan now (it is kept between calls), the pass on the reader's thread
+                plan = self._plan_for(device, [t.numel() * (2 if t.is_complex() else 1) for t in group], idx)
+                parts.append((idx, functools.partial(compute, plan, group, device), None))
             else:
                 parts.append((idx, self._compute(group, idx, device), None))
 
@@ -184,7 +190,7 @@ class Sketcher:
             for idx, values, done in parts:
                 if done is not None:
                     done.synchronize()
-                out[idx] = values.numpy()
+                out[idx] = (values() if callable(values) else values).numpy()
             if not np.isfinite(out).all():
                 return None
             return sketch.pack(out[:, : sketch.STATS]), sketch.pack(out[:, sketch.STATS :])

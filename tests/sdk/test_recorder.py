@@ -6,6 +6,8 @@ point the option promises (gradients before optimizer.step(), state after it).""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -274,3 +276,43 @@ def test_warn_only_is_found_at_the_start_warned_recorded_and_training_goes_on(tm
 def test_a_clean_process_records_an_empty_preflight(tmp_path: Path) -> None:
     train(tmp_path / "a", steps=1)
     assert lines(tmp_path / "a")[0]["preflight"] == []  # checked, nothing found (None would be: not checked)
+
+
+# ---- on the CPU, digests and drift come from a snapshot, on the writer thread --------------------------------
+
+
+def records_but_time(out: Path) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k not in ("step_time_s", "started", "finished")}
+            for r in lines(out) if r["type"] in ("tensors", "step")]
+
+
+def test_records_from_the_writer_thread_equal_those_made_at_the_call(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def scribble(step: int, model: torch.nn.Module) -> None:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(0.5)  # after rec.grads: the snapshot must not see it
+
+    options = {"use_grads": True, "with_optimizer": True, "buffers": True, "after_grads": scribble}
+    train(tmp_path / "later", steps=5, **options)
+    monkeypatch.setenv("DETLAB_CPU_DEFER", "0")  # the old path: digests and sketches at the call
+    train(tmp_path / "now", steps=5, **options)
+    later, now = records_but_time(tmp_path / "later"), records_but_time(tmp_path / "now")
+    assert len(later) == 6 and all(r["drift"] for r in later if r["type"] == "step")
+    assert later == now
+
+
+def test_steps_left_on_the_writer_reach_the_file_when_the_script_never_closes(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch, detlab\n"
+        "model = torch.nn.Linear(256, 256)\n"
+        "rec = detlab.Recorder(out=sys.argv[1])\n"
+        "for step in range(30):\n"
+        "    with torch.no_grad():\n"
+        "        model.weight.add_(1.0)\n"
+        "    rec.step(step, model)\n")  # and exits: no close()
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "a")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert load_run(tmp_path / "a").steps() == list(range(30))

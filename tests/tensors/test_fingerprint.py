@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 import random
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -173,6 +175,11 @@ def test_vector_tensor_has_the_listed_bytes(label: str, build: Callable, hex_byt
 
 @pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
 def test_torch_cpu_matches_vector(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
+    assert fingerprint_torch(build(), key=key_of(digest)) == digest
+
+
+@pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
+def test_fingerprint_matches_vector(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
     assert fingerprint(build(), key=key_of(digest)) == digest
 
 
@@ -183,7 +190,57 @@ def test_torch_cpu_matches_vector(label: str, build: Callable, hex_bytes: str, d
 def test_torch_cpu_matches_reference_on_random_tensors(dtype: torch.dtype) -> None:
     for seed, numel in enumerate(SIZES):
         t = random_tensor(dtype, numel, seed)
-        assert fingerprint(t) == fingerprint_bytes(tensor_bytes(t)), (dtype, numel)
+        assert fingerprint_torch(t) == fingerprint_bytes(tensor_bytes(t)), (dtype, numel)
+
+
+# --- the compiled CPU kernel (numba; skipped where numba is not installed) -------------------------------
+
+
+def numba_kernel() -> Any:
+    pytest.importorskip("numba")
+    from detlab.tensors.fingerprint import cpu_impl
+
+    return cpu_impl
+
+
+@pytest.mark.parametrize(("label", "build", "hex_bytes", "digest"), VECTORS, ids=VECTOR_IDS)
+def test_numba_cpu_matches_vector(label: str, build: Callable, hex_bytes: str, digest: str) -> None:
+    assert numba_kernel().fingerprint_cpu(build(), key=key_of(digest)) == digest
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_numba_cpu_matches_reference_on_random_tensors(dtype: torch.dtype) -> None:
+    cpu = numba_kernel()
+    for seed, numel in enumerate(SIZES):
+        t = random_tensor(dtype, numel, seed)
+        assert cpu.fingerprint_cpu(t) == fingerprint_bytes(tensor_bytes(t)), (dtype, numel)
+        assert cpu.fingerprint_cpu(t, key=KEY) == fingerprint_bytes(tensor_bytes(t), key=KEY), (dtype, numel)
+
+
+def test_numba_cpu_pieces_on_threads_do_not_change_the_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = numba_kernel()
+    monkeypatch.setattr(cpu, "PIECE_WORDS", 7)  # 1001 words: 143 pieces over the pool's threads
+    t = random_tensor(torch.float64, 1001, seed=9)
+    assert cpu.fingerprint_cpu(t) == fingerprint_bytes(tensor_bytes(t))
+
+
+def test_numba_cpu_reads_a_view_that_starts_mid_word() -> None:
+    t = random_tensor(torch.uint8, 1003, seed=10)[3:]
+    assert numba_kernel().fingerprint_cpu(t) == fingerprint_bytes(tensor_bytes(t))
+
+
+@pytest.mark.parametrize("first_pos", [2**32 - 3, 2**63 - 2, 2**64 - 3])
+def test_numba_cpu_and_reference_agree_at_large_word_positions(first_pos: int) -> None:
+    words = random_tensor(torch.int64, 64, seed=6).numpy().view(np.uint64)
+    assert numba_kernel().lane_sums_words(words, first_pos) == lane_sums_np(words, first_pos)
+
+
+def test_without_numba_the_cpu_falls_back_to_torch_with_the_same_digests(monkeypatch: pytest.MonkeyPatch) -> None:
+    tensors = [random_tensor(d, 33, seed=i) for i, d in enumerate(DTYPES)]
+    compiled = fingerprint_many(tensors)
+    monkeypatch.setenv("DETLAB_FP_NUMBA", "0")
+    assert implementation_name("cpu") == "torch-cpu"
+    assert fingerprint_many(tensors) == compiled
 
 
 def test_spec_matches_reference_on_random_bytes() -> None:
@@ -217,8 +274,9 @@ def test_fingerprint_many_matches_fingerprint() -> None:
 
 
 def test_implementation_name_on_cpu() -> None:
-    assert implementation_name("cpu") == "torch-cpu"
-    assert implementation_name(torch.device("cpu")) == "torch-cpu"
+    want = "numba-cpu" if importlib.util.find_spec("numba") else "torch-cpu"
+    assert implementation_name("cpu") == want
+    assert implementation_name(torch.device("cpu")) == want
 
 
 # --- change detection -----------------------------------------------------------------------------------

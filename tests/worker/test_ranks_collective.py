@@ -12,6 +12,7 @@ import torch
 
 from detlab.core.collective import DTYPE_BYTES, OPS, compare_configs, summarize
 from detlab.core.wire import CollectiveSpec, EnvRecord, RankSpec, Record, TrialRecord
+from detlab.tensors.fingerprint import implementation_name
 from detlab.worker import verify
 from detlab.worker.ranks.collective import input_tensor, input_values_np, reference, round_to
 
@@ -80,7 +81,7 @@ def test_gloo_run_records_every_cell_trial_and_rank(world: int) -> None:
             for r in range(world)}
     assert got == want
     assert sorted(r.rank for r in envs(world)) == list(range(world))
-    assert all(r.fingerprint_impl == "torch-cpu" for r in envs(world))
+    assert all(r.fingerprint_impl == implementation_name("cpu") for r in envs(world))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

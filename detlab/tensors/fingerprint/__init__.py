@@ -52,6 +52,8 @@ __all__ = [
 
 # Set DETLAB_FP_TRITON=0 to force the plain torch path on CUDA (debugging, A/B timing).
 _TRITON_ENV = "DETLAB_FP_TRITON"
+# Set DETLAB_FP_NUMBA=0 to force the plain torch path on the CPU (the same digests, slower).
+_NUMBA_ENV = "DETLAB_FP_NUMBA"
 # (device index, version) -> whether the Triton kernel passed its self-check there
 _triton_ok: dict[tuple[int, str], bool] = {}
 # Host copies for `certificate` / `tensor_bytes` of GPU tensors go in slices of this size.
@@ -95,9 +97,20 @@ def _triton_ready(device: torch.device, key: DigestKey = DEFAULT_KEY) -> bool:
     return _triton_ok[index, key.version]
 
 
+def _numba_ready(device: torch.device) -> bool:
+    if device.type != "cpu" or os.environ.get(_NUMBA_ENV) == "0":
+        return False
+    from . import cpu_impl
+
+    return cpu_impl.available()
+
+
 def implementation_name(device: Any) -> str:
-    """Name of the implementation `fingerprint` uses on `device` ("torch-cpu", "torch-cuda", "triton")."""
+    """Name of the implementation `fingerprint` uses on `device` ("numba-cpu", "torch-cpu", "torch-cuda",
+    "triton")."""
     dev = _as_device(device)
+    if _numba_ready(dev):
+        return "numba-cpu"
     return "triton" if _triton_ready(dev) else f"torch-{dev.type}"
 
 
@@ -113,12 +126,13 @@ def fingerprint(tensor: torch.Tensor, *, key: DigestKey = DEFAULT_KEY) -> str:
 
 def fingerprint_many(tensors: Sequence[torch.Tensor], *, key: DigestKey = DEFAULT_KEY) -> list[str]:
     """Digests of a list of tensors under `key`; under a public key (fp2, fp1), CUDA tensors on one device share
-    one Triton launch. Keyed digests always run on the torch implementation (the kernel's constants are public).
+    one Triton launch. CPU tensors take the compiled kernel where numba is installed, under every key. Keyed
+    digests of CUDA tensors run on the torch implementation (the Triton kernel's constants are public).
     """
     from .torch_impl import fingerprint_torch
 
     if not key.public:
-        return [fingerprint_torch(t, key=key) for t in tensors]
+        return [_fingerprint_keyed(t, key) for t in tensors]
     devices = {t.device for t in tensors}
     if len(devices) == 1 and _triton_ready(next(iter(devices)), key):
         # The common case (a model's parameters): one launch for the list as given, no regrouping by index.
@@ -135,10 +149,25 @@ def fingerprint_many(tensors: Sequence[torch.Tensor], *, key: DigestKey = DEFAUL
 
             for i, d in zip(idx, fingerprint_many_triton([tensors[i] for i in idx], key=key), strict=True):
                 digests[i] = d
+        elif _numba_ready(device):
+            from .cpu_impl import fingerprint_cpu
+
+            for i in idx:
+                digests[i] = fingerprint_cpu(tensors[i], key=key)
         else:
             for i in idx:
                 digests[i] = fingerprint_torch(tensors[i], key=key)
     return cast(list[str], digests)  # every index belongs to exactly one device group
+
+
+def _fingerprint_keyed(tensor: torch.Tensor, key: DigestKey) -> str:
+    if _numba_ready(tensor.device):
+        from .cpu_impl import fingerprint_cpu
+
+        return fingerprint_cpu(tensor, key=key)
+    from .torch_impl import fingerprint_torch
+
+    return fingerprint_torch(tensor, key=key)
 
 
 def _host_slices(tensor: torch.Tensor) -> Iterator[np.ndarray]:
