@@ -159,6 +159,30 @@ class ReplicaDisagreement(Result):
     ranks: dict[int, str]
 
 
+class DivergentComponent(Result):
+    """The first part of the training state that differs at a step (detlab.core.components), in causal order:
+    batch, rng, loss, gradients, parameters, optimizer, buffers."""
+
+    component: str
+    tensors: list[str] = Field(default_factory=list)  # the entries within it: tensors, generators, hyperparameters
+    components: list[str] = Field(default_factory=list)  # every component that differs there, in causal order
+    text: str  # `optimizer: fc1.weight.exp_avg`
+
+
+class ResumeCheck(Result):
+    """A resumed recording's first restore: whether the restored state equals the state saved at that step (None:
+    the first process did not record that step) and which components differ."""
+
+    run: int
+    step: int
+    exact: bool | None
+    components: list[str] = Field(default_factory=list)
+    tensors: list[str] = Field(default_factory=list)
+    text: str | None = None
+    restores: int = 1
+    ranks: list[int] = Field(default_factory=list)
+
+
 class RunComparison(Result):
     """Two runs compared (detlab.core.compare.compare_runs): the verdict, where they part, what is missing, how far
     they drift apart and what their collective calls say."""
@@ -180,6 +204,9 @@ class RunComparison(Result):
     replica_disagreements: list[ReplicaDisagreement] = Field(default_factory=list)
     drift: DriftEstimate | None = None  # absent from results stored before drift was estimated
     collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
+    # The first part of the state that differs at the first divergent step (absent from older results).
+    first_divergent_component: DivergentComponent | None = None
+    resume: ResumeCheck | None = None  # null: neither run was resumed from a recorded step
 
     def stored(self) -> dict[str, Any]:
         """As a report stores it (JSON: tuples as lists, NaN as null): the keys the comparison set, nothing added."""

@@ -52,6 +52,7 @@ INT32 = 2**31 - 1  # an Integer column
 INT64 = 2**63 - 1  # a BigInteger column
 MAX_WORLD_SIZE = 1024  # as ConfigBody.world_size
 MAX_RECORDS = 10_000  # per ingest batch
+MAX_SEGMENTS = 1 << 16  # restores of one recording (StepRecord.segment)
 MAX_ERROR_CHARS = 20_000  # a run's error text
 REF_MAX_ELEMS = 1 << 22  # the float64 reference of a collective is skipped above this many output elements
 
@@ -255,11 +256,16 @@ class EnvRecord(Wire):
     position: Position | None = None
 
 
+# Which part of the training state a recorded tensor belongs to (the comparison names the first that differs).
+TensorComponent = Literal["parameters", "buffers", "optimizer", "gradients"]
+
+
 class TensorInfo(Wire):
     index: Index
     name: Annotated[str, Field(min_length=1, max_length=255)]
     shape: list[Bytes] = Field(max_length=32)
     dtype: Annotated[str, Field(min_length=1, max_length=32)]
+    component: TensorComponent | None = None  # None: recorded before components were (a parameter, or `.grad`)
 
 
 class Placement(Wire):
@@ -324,9 +330,30 @@ class Drift(Wire):
         return self
 
 
+StateKey = Annotated[str, Field(min_length=1, max_length=255)]
+StateValue = Annotated[str, Field(max_length=64)]  # a digest (32 hex) or a short value as text (an lr)
+StateEntries = Annotated[dict[StateKey, StateValue], Field(max_length=4096)]
+
+
+class StepState(Wire):
+    """What a step records beside its tensors, entry by entry (name -> digest or value as text), compared for
+    equality: the step's input (`batch`, its tensors by path: `x`, `[0]`, `input_ids`), the random generators'
+    states after it (`rng`: `torch cpu`, `torch cuda:0`, `numpy`, `python`, `rng[0]` ...) and the optimizer's
+    hyperparameters and non-tensor state (`optimizer`: `param_groups[0].lr`, `fc1.weight.step` ...). None: not
+    recorded."""
+
+    batch: StateEntries | None = None
+    rng: StateEntries | None = None
+    optimizer: StateEntries | None = None
+
+
 class StepRecord(Wire):
     """One rank's state after one step: the model's digest, one digest per tensor, the loss's bits, and (optional:
-    records from before detlab took them, or without them) per-tensor statistics and sketches."""
+    records from before detlab took them, or without them) per-tensor statistics and sketches.
+
+    A recording continued after a restore (Recorder(resume=True)) is in segments: the records of the n-th process
+    carry `segment` n; its first record (`restored`) is the restored state of the checkpoint's step, recorded
+    again beside the record of that step that the first process made."""
 
     type: Literal["step"] = "step"
     step: Index
@@ -338,11 +365,16 @@ class StepRecord(Wire):
     loss: FiniteFloat | None = None  # None before the first step, or when the loss is not finite (bits keep it)
     step_time_s: Seconds
     drift: Drift | None = None
+    state: StepState | None = None
+    segment: int = Field(default=0, ge=0, le=MAX_SEGMENTS)
+    restored: bool = False
 
     @model_validator(mode="after")
     def _drift_per_digest(self) -> StepRecord:
         if self.drift is not None and self.drift.tensors() != len(self.digests) // 32:
             raise ValueError(f"drift describes {self.drift.tensors()} tensors, the digests {len(self.digests) // 32}")
+        if self.restored and self.segment == 0:
+            raise ValueError("a restored record belongs to a resumed segment (segment >= 1)")
         return self
 
 
