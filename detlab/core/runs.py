@@ -24,6 +24,7 @@ class StepData:
     # What the step recorded beside its tensors (wire.StepState as a dict: component -> name -> value); None: nothing.
     state: dict[str, dict[str, str]] | None = None
     restored: bool = False  # the restored state of a resumed recording (its gradients are not part of it)
+    segment: int = 0  # the process of a resumed recording that made it (0: the first)
 
     def key(self) -> str | bytes | None:
         return self.model_digest if self.model_digest is not None else self.digests
