@@ -116,7 +116,8 @@ class JobSummary(BaseModel):
 
 JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 VERDICTS = ("identical", "diverged", "incomplete", "incomparable", "reproducible", "not-reproducible",
-            *DIAGNOSIS_VERDICTS, "found", "already", "none")  # the last three: a fix search's
+            *DIAGNOSIS_VERDICTS, "found", "already", "none",  # a fix search's
+            "exact", "lost")  # a resume check's
 JOB_SORTS = ("created", "id", "status", "verdict", "workload", "kind")
 
 

@@ -83,6 +83,7 @@ def run_spec(run: Run) -> wire.RunSpec:
         "inject_bitflip": run.job.params.get("inject_bitflip"),
         "probe_step": bisect.probe_step(run.job),
         "record_collectives": bool(run.job.params.get("record_collectives", False)),
+        **KINDS[run.job.kind].run_fields(run),
     })
 
 

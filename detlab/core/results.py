@@ -516,3 +516,37 @@ class FixResult(JobResult):
 RESULTS: dict[str, type[JobResult]] = {"comparison": TrainResult, "collective": CollectiveResult,
                                        "diagnosis": DiagnosisResult, "bisect": BisectResult,
                                        "fix": FixResult}
+
+
+class ResumeResult(JobResult):
+    """GET /jobs/{id}/resume: a workload run straight for `steps` steps against the same run stopped after `stop_at`,
+    checkpointed and continued in a fresh process. `verdict`: exact (the two runs are identical), lost (they part:
+    `comparison.first_divergent_component` names what the resume lost, `comparison.resume` whether the restored
+    state matched the saved step), or the comparison's own verdict (incomplete, incomparable); null until both ran."""
+
+    verdict: str | None
+    steps: int
+    stop_at: int
+    lose: str | None = None  # the part of the state the job was asked to leave out of the restore (a check)
+    straight_run: int | None = None
+    resumed_run: int | None = None
+    comparison: RunComparison | None = None
+
+    def summary(self, *, job_id: int, status: str, verdict: str | None, url: str) -> list[str]:
+        lines = [f"job {job_id} {status}: resume at step {self.stop_at} of {self.steps}: {self.verdict or 'pending'}"]
+        cmp = self.comparison
+        if cmp is not None and cmp.first_divergent_component is not None:
+            lines.append(f"  first divergent step {cmp.first_divergent_step}, component "
+                         f"{cmp.first_divergent_component.text}")
+        if cmp is not None and cmp.resume is not None:
+            said = {True: "matched the saved step", False: f"did not match the saved step ({cmp.resume.text})",
+                    None: "not checked"}[cmp.resume.exact]
+            lines.append(f"  restored state at step {cmp.resume.step}: {said}")
+        lines += [f"  missing: {m}" for m in (cmp.missing if cmp else [])]
+        return lines + [f"  {url}"]
+
+    def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:
+        if check and self.verdict is not None and self.verdict != "exact":
+            what = self.comparison.first_divergent_component if self.comparison else None
+            return [f"resume {self.verdict}" + (f": {what.text}" if what else "")]
+        return []

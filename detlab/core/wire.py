@@ -159,6 +159,19 @@ class DiagnosisSpec(Wire):
 
 
 RunKind = Literal["train", "collective", "batch-invariance", "op-audit"]
+# The parts of a training state a resume can lose (the `resume` kind leaves one out of a built-in's restore on request).
+LostPart = Literal["optimizer", "rng", "data", "scheduler"]
+
+
+class ResumePlan(Wire):
+    """A run of a `resume` job. `stop_at` None: the straight run (the same state recorded, no checkpoint); else the
+    run stopped after `stop_at`, checkpointed and continued in fresh processes. The worker adds `phase` (which of
+    the two launches) and `checkpoint_dir` (where the first writes and the second reads) for its ranks."""
+
+    stop_at: int | None = Field(default=None, ge=1, le=INT32)
+    lose: LostPart | None = None
+    phase: Literal["stop", "continue"] | None = None
+    checkpoint_dir: str | None = Field(default=None, max_length=4096)
 
 
 class RunPlan(Wire):
@@ -181,6 +194,7 @@ class RunPlan(Wire):
     # (detlab.core.bisect names the entries).
     probe_step: int | None = Field(default=None, ge=1, le=INT32)
     record_collectives: bool = False  # train: fingerprint every collective's input and output (`calls` records)
+    resume: ResumePlan | None = None  # a run of a `resume` job (detlab.worker.ranks.resume)
 
     @model_validator(mode="after")
     def _collective_iff_kind(self) -> RunPlan:

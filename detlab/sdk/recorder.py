@@ -177,6 +177,8 @@ class Recorder:
             # them itself, every as many steps as the job asks, under the config's torch flags.
             out, server = run_dir, None
             every = int(os.environ.get("DETLAB_EVERY", every))
+            # A resume job's second launch continues the first's recording (detlab.worker.runner.phases).
+            resume = resume or os.environ.get("DETLAB_RESUME") == "1"
             if probe_step := os.environ.get("DETLAB_PROBE_STEP"):  # a bisect of this script (detlab.sdk.probing)
                 self._probing, every = Probing(int(probe_step)), 1
             if flags := os.environ.get("DETLAB_TORCH_FLAGS"):

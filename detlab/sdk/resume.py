@@ -6,13 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from detlab.core.shards import DIGEST_BYTES
+from detlab.core.shards import ABSENT
 from detlab.core.wire import StepRecord, TensorsRecord
 from detlab.sdk import store
 
-# The digest a restored record holds for a tensor of the list that the restored state lacks (gradients before any
-# backward; optimizer state that was not restored): no tensor's fingerprint is all zeros.
-ABSENT = bytes(DIGEST_BYTES)
+__all__ = ["ABSENT", "Resumed", "read_resumed"]
 
 
 @dataclass(frozen=True)

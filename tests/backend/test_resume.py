@@ -12,6 +12,8 @@ from detlab.backend.models import StepRecord
 from detlab.core.settings import Settings
 from tests.backend.test_recordings import AUTH, TOKEN, opening, step
 
+pytestmark = pytest.mark.both_databases
+
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:  # type: ignore[no-untyped-def]
@@ -61,3 +63,33 @@ def test_a_restore_that_lost_optimizer_state_names_the_optimizer(client: TestCli
     result = client.get(f"/api/v1/compare?a={straight}&b={resumed}").json()
     assert result["first_divergent_component"]["text"] == "optimizer: w.exp_avg"
     assert result["resume"]["exact"] is False
+
+
+RESUME_JOB = {"kind": "resume", "workload": "mlp", "configs": [{"preset": "default"}], "steps": 3, "stop_at": 1,
+              "lose": "rng"}
+
+
+def test_a_resume_job_runs_straight_and_resumed_and_its_result_names_the_lost_part(client: TestClient) -> None:
+    made = client.post("/api/v1/jobs", json=RESUME_JOB)
+    assert made.status_code == 201, made.text
+    job = made.json()
+    runs = sorted(job["runs"], key=lambda r: r["repeat"])
+    plans = []
+    for run, records in zip(runs, ([stepped(n) for n in range(4)],
+                                   [stepped(0), stepped(1), stepped(1, rng="bb", segment=1, restored=True),
+                                    stepped(2, rng="bb", segment=1), stepped(3, rng="bb", segment=1)]), strict=True):
+        claimed = client.post(f"/api/v1/ingest/runs/{run['id']}/claim", json={"worker": "w"}, headers=AUTH).json()
+        plans.append(claimed["resume"])
+        body = {"attempt": claimed["attempt"], "records": [TENSORS, *records]}
+        assert client.post(f"/api/v1/ingest/runs/{run['id']}/records", json=body, headers=AUTH).status_code == 200
+        client.post(f"/api/v1/ingest/runs/{run['id']}/finish", json={"attempt": claimed["attempt"],
+                                                                     "status": "succeeded"}, headers=AUTH)
+    assert [(p["stop_at"], p["lose"]) for p in plans] == [(None, None), (1, "rng")]
+    result = client.get(f"/api/v1/jobs/{job['id']}/resume").json()
+    assert (result["verdict"], result["comparison"]["first_divergent_component"]["text"]) == ("lost", "rng: torch cpu")
+    assert client.get(f"/api/v1/jobs/{job['id']}/spec").json()["stop_at"] == 1
+
+
+def test_a_resume_after_the_last_step_is_refused(client: TestClient) -> None:
+    resp = client.post("/api/v1/jobs", json={**RESUME_JOB, "stop_at": 3})
+    assert resp.status_code == 422 and "before the last step" in resp.text
