@@ -24,7 +24,8 @@ BLOCK = re.compile(r"```(?:python|bash)\n# ([\w.-]+)[^\n]*\n(.*?)```", re.S)
 def examples() -> dict[str, str]:
     found = {name: f"# {name}\n{body}" for name, body in BLOCK.findall(DOC.read_text())}
     assert set(found) == {"train.py", "train_options.py", "train_ddp.py", "ddp.sh", "train_fsdp.py", "fsdp.sh",
-                          "replicas.sh", "train_lightning.py", "train_hf.py", "ci.sh"}
+                          "replicas.sh", "train_lightning.py", "train_hf.py", "ci.sh", "train_resume.py",
+                          "resume.sh"}
     return found
 
 
@@ -54,6 +55,23 @@ def test_the_ci_gate_fails_when_the_second_run_differs(tmp_path: Path) -> None:
     done = run(tmp_path, "bash", "ci.sh")
     assert done.returncode == 1
     assert done.stdout.startswith("diverged at step 0 on rank(s) 0: 0.weight, 0.bias, 2.weight, 2.bias;")
+
+
+def test_the_resume_example_is_exact(tmp_path: Path) -> None:
+    done = run(save(tmp_path), "bash", "resume.sh")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines() == ["identical: 20 steps x 1 rank(s) x 16 tensors equal",
+                                                "  resume of run 2 at step 9: exact"]
+
+
+def test_the_resume_example_without_its_rng_restore_names_the_rng(tmp_path: Path) -> None:
+    train = save(tmp_path) / "train_resume.py"
+    train.write_text(train.read_text().replace('    torch.set_rng_state(saved["rng"])\n', ""))
+    done = run(tmp_path, "bash", "resume.sh")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[:3] == [
+        "diverged at step 9 on rank(s) 0: no tensor, the rng; 11 of 20 compared steps differ",
+        "  first divergent component: rng: torch cpu", "  resume of run 2 at step 9: not exact (rng: torch cpu)"]
 
 
 def test_the_options_example_records_what_its_options_name(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +127,11 @@ def test_resume_and_overwrite_are_refused_together(tmp_path: Path) -> None:
 def test_rng_refuses_what_is_not_a_generator(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="rng= takes"):
         detlab.Recorder(out=tmp_path, rng=[object()])
+
+
+def test_making_a_recorder_leaves_pythons_random_as_it_was(tmp_path: Path) -> None:
+    """A fresh process imports the SDK at its first Recorder, after restoring `random`: the import must not draw."""
+    code = ("import random, torch, detlab; random.seed(0); s = random.getstate(); "
+            f"detlab.Recorder(out={str(tmp_path / 'r')!r}); assert random.getstate() == s")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
