@@ -88,7 +88,7 @@ def differing(run: RunData, pairs: list[tuple[int, StepData, StepData]]) -> dict
     return found
 
 
-def summary(found: dict[str, set[str]]) -> dict[str, Any] | None:
+def summary(found: dict[str, set[str]], compared: list[str] | None = None) -> dict[str, Any] | None:
     """The first differing component in causal order, its entries, the others that differ, and a line of text
     (`optimizer: fc1.weight.exp_avg, param_groups[0].lr`); None when nothing differs."""
     parts = [p for p in ORDER if found.get(p)]
@@ -97,7 +97,8 @@ def summary(found: dict[str, set[str]]) -> dict[str, Any] | None:
     first = sorted(found[parts[0]])
     shown = ", ".join(first[:SHOWN]) + (f" and {len(first) - SHOWN} more" if len(first) > SHOWN else "")
     text = parts[0] if parts[0] == "loss" else f"{parts[0]}: {shown}"
-    return {"component": parts[0], "tensors": first[:200], "components": parts, "text": text}
+    return {"component": parts[0], "tensors": first[:200], "components": parts, "text": text,
+            "compared": compared or []}
 
 
 def first_component(a: RunData, b: RunData, step: int, ranks: list[int] | None,
@@ -108,7 +109,10 @@ def first_component(a: RunData, b: RunData, step: int, ranks: list[int] | None,
     if ranks:
         pairs = [(r, a.records[(step, r)], b.records[(step, r)]) for r in ranks
                  if (step, r) in a.records and (step, r) in b.records]
-        return summary(differing(a, pairs))
+        compared = [p for p in STATE_PARTS if pairs and all((x.state or {}).get(p) is not None
+                                                             and (y.state or {}).get(p) is not None
+                                                             for _, x, y in pairs)]
+        return summary(differing(a, pairs), compared)
     found: dict[str, set[str]] = {}
     for name in tensors:
         found.setdefault(component_of(a, name), set()).add(name)

@@ -167,6 +167,7 @@ class DivergentComponent(Result):
     tensors: list[str] = Field(default_factory=list)  # the entries within it: tensors, generators, hyperparameters
     components: list[str] = Field(default_factory=list)  # every component that differs there, in causal order
     text: str  # `optimizer: fc1.weight.exp_avg`
+    compared: list[str] = Field(default_factory=list)  # of batch, rng, optimizer: those both runs recorded there
 
 
 class ResumeCheck(Result):
