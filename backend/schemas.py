@@ -245,7 +245,7 @@ class WhyItem(BaseModel):
     """One step of the checklist (detlab.core.why): its status, one line of what was found, the evidence."""
 
     step: int
-    key: Literal["logs", "env", "ops", "stack", "batch"]
+    key: Literal["logs", "env", "ops", "stack", "batch", "data"]
     title: str
     status: Literal["pass", "fail", "not-checked", "not-applicable"]
     found: str
