@@ -215,6 +215,10 @@ class Recorder:
             raise ValueError("resume=True continues the recording in `out`, overwrite=True replaces it: pass one")
         if resume and out is None:
             raise ValueError("resume=True needs out=DIR, the directory of the recording to continue")
+        if resume and server is not None:
+            # The server closes a recording when its ranks close; it does not reopen one for a second process yet.
+            raise ValueError("resume=True records to out= only, not online: drop server= and, once the run is done, "
+                             "send the whole recording with `detlab upload DIR --server URL`")
         self.out: Path | None = Path(out) if out is not None else None  # online without out: set at the start
         self.server, self._token, self._flush_timeout_s = server, token, flush_timeout_s
         self._streamer: upload.Streamer | None = None

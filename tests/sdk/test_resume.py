@@ -124,6 +124,11 @@ def test_resume_and_overwrite_are_refused_together(tmp_path: Path) -> None:
         detlab.Recorder(out=tmp_path, resume=True, overwrite=True)
 
 
+def test_resume_online_is_refused_with_what_to_do_instead(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="detlab upload"):
+        detlab.Recorder(out=tmp_path, server="http://127.0.0.1:9", token="t" * 32, resume=True)
+
+
 def test_rng_refuses_what_is_not_a_generator(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="rng= takes"):
         detlab.Recorder(out=tmp_path, rng=[object()])
