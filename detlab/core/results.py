@@ -514,11 +514,6 @@ class FixResult(JobResult):
 
 
 # The result each report path serves (GET /jobs/{id}/<path>; a job names its own: JobRead.result).
-RESULTS: dict[str, type[JobResult]] = {"comparison": TrainResult, "collective": CollectiveResult,
-                                       "diagnosis": DiagnosisResult, "bisect": BisectResult,
-                                       "fix": FixResult}
-
-
 class ResumeResult(JobResult):
     """GET /jobs/{id}/resume: a workload run straight for `steps` steps against the same run stopped after `stop_at`,
     checkpointed and continued in a fresh process. `verdict`: exact (the two runs are identical), lost (they part:
@@ -551,3 +546,9 @@ class ResumeResult(JobResult):
             what = self.comparison.first_divergent_component if self.comparison else None
             return [f"resume {self.verdict}" + (f": {what.text}" if what else "")]
         return []
+
+
+RESULTS: dict[str, type[JobResult]] = {"comparison": TrainResult, "collective": CollectiveResult,
+                                       "diagnosis": DiagnosisResult, "bisect": BisectResult,
+                                       "fix": FixResult, "resume": ResumeResult}
+
