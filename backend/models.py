@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, object_session, relationship
@@ -201,6 +202,7 @@ class TensorMeta(Base):
     name: Mapped[str] = mapped_column(String(255))
     shape: Mapped[list[Any]]
     dtype: Mapped[str] = mapped_column(String(32))
+    component: Mapped[str | None] = mapped_column(String(16))  # parameters, buffers, optimizer, gradients
 
 
 class StepRecord(Base):
@@ -208,7 +210,8 @@ class StepRecord(Base):
     per-tensor statistics and sketches."""
 
     __tablename__ = "step_records"
-    __table_args__ = (UniqueConstraint("run_id", "step", "rank"), Index("ix_step_records_run_step", "run_id", "step"))
+    __table_args__ = (UniqueConstraint("run_id", "step", "rank", "segment"),
+                      Index("ix_step_records_run_step", "run_id", "step"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
@@ -226,6 +229,11 @@ class StepRecord(Base):
     drift_version: Mapped[str | None] = mapped_column(String(8))
     stats: Mapped[bytes | None] = mapped_column(LargeBinary)
     sketch: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # A resumed recording (detlab.core.wire.StepRecord): the process that wrote the row (0: the first), and whether
+    # it is the restored state of a checkpoint's step. `state`: the batch / rng / optimizer entries (None: none).
+    segment: Mapped[int] = mapped_column(default=0, server_default="0")
+    restored: Mapped[bool] = mapped_column(default=False, server_default=false())
+    state: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class CallsRecord(Base):

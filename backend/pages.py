@@ -38,7 +38,7 @@ PAGES: tuple[Page, ...] = (
     Page("/findings", "findings.html", "findings", ("findings.js",),
          tagline="configs vs reproducibility, across hardware and libraries", nav="findings"),
     Page("/jobs/{job_id:int}", "job.html", "job", ("job.js", "train.js", "collective.js", "diagnosis.js", "bisect.js",
-                                                      "fix.js", "recording.js"),
+                                                      "fix.js", "recording.js", "resume.js"),
          section="jobs", plotly=True),
     Page("/login", "login.html", "log in", ("login.js",), tagline="where do two training runs first part?",
          shared=False, public=True, navigation=False),

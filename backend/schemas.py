@@ -117,7 +117,8 @@ class JobSummary(BaseModel):
 
 JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 VERDICTS = ("identical", "diverged", "incomplete", "incomparable", "reproducible", "not-reproducible",
-            *DIAGNOSIS_VERDICTS, "found", "already", "none")  # the last three: a fix search's
+            *DIAGNOSIS_VERDICTS, "found", "already", "none",  # a fix search's
+            "exact", "lost")  # a resume check's
 JOB_SORTS = ("created", "id", "status", "verdict", "workload", "kind")
 
 
@@ -246,7 +247,7 @@ class WhyItem(BaseModel):
     """One step of the checklist (detlab.core.why): its status, one line of what was found, the evidence."""
 
     step: int
-    key: Literal["logs", "env", "ops", "stack", "batch"]
+    key: Literal["logs", "env", "ops", "stack", "batch", "data"]
     title: str
     status: Literal["pass", "fail", "not-checked", "not-applicable"]
     found: str

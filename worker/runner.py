@@ -113,6 +113,22 @@ def script_env(spec: RunSpec, folder: Path) -> dict[str, str]:
             **({"DETLAB_PROBE_STEP": str(spec.probe_step)} if spec.probe_step else {})}
 
 
+def phases(spec: RankSpec, folder: Path) -> list[tuple[RankSpec, dict[str, str]]]:
+    """The launches of one run, each with what its ranks' environment adds: one, except for the resumed run of a
+    `resume` job: stopped after step K and checkpointed, then continued in fresh processes from the checkpoint.
+    Both launches record into the same folder (the second's records are a resumed segment of the same run); a
+    registered script reads DETLAB_RESUME_STEP and DETLAB_CHECKPOINT_DIR, and DETLAB_RESUME=1 in the second."""
+    plan = spec.resume
+    if plan is None or plan.stop_at is None:
+        return [(spec, {})]
+    checkpoints = folder / "checkpoint"
+    common = {"DETLAB_RESUME_STEP": str(plan.stop_at), "DETLAB_CHECKPOINT_DIR": str(checkpoints)}
+    return [(spec.model_copy(update={"resume": plan.model_copy(update={"phase": phase,
+                                                                       "checkpoint_dir": str(checkpoints)})}),
+             {**common, **({"DETLAB_RESUME": "1"} if phase == "continue" else {})})
+            for phase in ("stop", "continue")]
+
+
 def upload_logs(client: IngestClient, run_id: int, attempt: int, folder: Path, world: int) -> None:
     """Send each rank's NCCL/RCCL debug log (none on gloo), cut to head and tail when over the cap."""
     for rank in range(world):
@@ -177,15 +193,15 @@ def _launch_and_stream(spec: RunSpec, client: IngestClient, device: Literal["aut
             measured.extend(not isinstance(r, EnvRecord) for r in records)
             send(records)
 
-        def env(rank: int) -> dict[str, str]:
-            return {**child_env(spec, rank, folder), **(script_env(spec, folder) if script else {})}
-
         try:
-            launch_ranks(RankSpec.for_run(spec, device=device), folder, env=env,
-                         on_records=send_script if script else send,
-                         hang_timeout_s=hang_timeout_s, first_step_timeout_s=first_step_timeout_s, poll_s=POLL_S,
-                         tie_to_parent=True, stop=lambda: CURRENT.stop_reason,
-                         argv=script.command if script else None, cwd=script.workdir if script else None)
+            for ranks, extra in phases(RankSpec.for_run(spec, device=device), folder):
+                def env(rank: int, extra: dict[str, str] = extra) -> dict[str, str]:
+                    return {**child_env(spec, rank, folder), **(script_env(spec, folder) if script else {}), **extra}
+
+                launch_ranks(ranks, folder, env=env, on_records=send_script if script else send,
+                             hang_timeout_s=hang_timeout_s, first_step_timeout_s=first_step_timeout_s, poll_s=POLL_S,
+                             tie_to_parent=True, stop=lambda: CURRENT.stop_reason,
+                             argv=script.command if script else None, cwd=script.workdir if script else None)
         except RankFailed as exc:
             failure = str(exc)
         if script and spec.diagnosis is not None and not failure and not any(measured):

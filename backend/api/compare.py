@@ -82,7 +82,8 @@ def compare_why(a: RunQuery, b: RunQuery, session: SessionDep) -> dict[str, Any]
     run_a, run_b = _training_runs(session, a, b)
     found = pair.build(session=session, run_a=run_a, run_b=run_b)
     report = why.build(session=session, run_a=run_a, run_b=run_b, verdict=found["verdict"],
-                       first_divergent_step=found.get("first_divergent_step"), job_id=None)
+                       first_divergent_step=found.get("first_divergent_step"), job_id=None,
+                       first_component=found.get("first_divergent_component"))
     session.commit()  # an audit job finished before results were stored has had its result stored
     return report
 

@@ -40,7 +40,7 @@ from detlab.backend.services.dispatch import send, undispatch
 from detlab.backend.services.settle import job_result, report_kind
 from detlab.backend.services.workers import queue_state
 from detlab.core import commlog
-from detlab.core.results import BisectResult, CollectiveResult, FixResult, TrainResult
+from detlab.core.results import BisectResult, CollectiveResult, FixResult, ResumeResult, TrainResult
 from detlab.core.wire import INT32
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
@@ -215,7 +215,7 @@ def _result(job_id: int, session: SessionDep, *, kind: ReportName) -> dict[str, 
     """The job's result (stored once it finished, live before), if the job's report is of this kind."""
     job = _job_or_404(session, job_id)
     what = {"collective": "collective trials", "train": "recorded steps", "bisect": "probe steps",
-            "diagnosis": "diagnosis results", "fix": "trials"}[kind]  # what each report reads
+            "diagnosis": "diagnosis results", "fix": "trials", "resume": "resumed runs"}[kind]  # what each report reads
     if report_kind(job) != kind:
         raise HTTPException(404, f"job {job_id} is a {job.kind} job: it has no {what}")
     result = job_result(session=session, job=job)
@@ -289,6 +289,13 @@ def read_throughput_figure(job_id: JobId, session: SessionDep, request: Request)
 def read_fix(job_id: JobId, session: SessionDep) -> dict[str, Any]:
     """A fix search: its verdict (null while it runs), the prescription, each kept knob's evidence, every trial."""
     return _result(job_id, session, kind="fix")
+
+
+@router.get("/{job_id}/resume", response_model=ResumeResult, response_model_exclude_unset=True)
+def read_resume(job_id: JobId, session: SessionDep) -> dict[str, Any]:
+    """A resume check: its verdict (exact, lost; null until both runs recorded), the first divergent step and
+    component, and whether the restored state matched the saved step."""
+    return _result(job_id, session, kind="resume")
 
 
 @router.get("/{job_id}/collective", response_model=CollectiveResult)

@@ -11,29 +11,38 @@ from detlab.backend.reports import bisect as bisect_report
 from detlab.backend.reports import collective as collective_report
 from detlab.backend.reports import diagnosis as diagnosis_report
 from detlab.backend.reports import fix as fix_report
+from detlab.backend.reports import resume as resume_report
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import RequestBody
 from detlab.core import configs
-from detlab.core.results import BisectResult, CollectiveResult, DiagnosisResult, FixResult, JobResult, TrainResult
+from detlab.core.results import (
+    BisectResult,
+    CollectiveResult,
+    DiagnosisResult,
+    FixResult,
+    JobResult,
+    ResumeResult,
+    TrainResult,
+)
 from detlab.core.wire import INT32, RunKind, Tags
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from detlab.backend.models import Job
+    from detlab.backend.models import Job, Run
     from detlab.core.settings import Settings
     from detlab.core.workloads import WorkloadInfo
 
 # Which report builds a kind's result (detlab.backend.reports.<name>), and so which GET /jobs/{id}/<path> serves it.
-ReportName = Literal["train", "collective", "bisect", "diagnosis", "fix"]
+ReportName = Literal["train", "collective", "bisect", "diagnosis", "fix", "resume"]
 REPORTS = {"train": train_report, "collective": collective_report, "bisect": bisect_report,
-           "diagnosis": diagnosis_report, "fix": fix_report}
+           "diagnosis": diagnosis_report, "fix": fix_report, "resume": resume_report}
 # The typed result each report builds (detlab.core.results): a result is checked against it when built.
 RESULT_MODELS: dict[ReportName, type[JobResult]] = {"train": TrainResult, "collective": CollectiveResult,
                                                     "bisect": BisectResult, "diagnosis": DiagnosisResult,
-                                                    "fix": FixResult}
+                                                    "fix": FixResult, "resume": ResumeResult}
 RESULT_PATHS: dict[ReportName, str] = {"train": "comparison", "collective": "collective", "bisect": "bisect",
-                                       "diagnosis": "diagnosis", "fix": "fix"}
+                                       "diagnosis": "diagnosis", "fix": "fix", "resume": "resume"}
 
 
 class InvalidJob(ValueError):
@@ -100,6 +109,10 @@ class Kind:
     def run_kind(self, job: Job) -> RunKind:
         """What each of the job's runs executes (the claim reply's `kind`)."""
         raise NotImplementedError
+
+    def run_fields(self, run: Run) -> dict[str, Any]:
+        """The kind's own keys of one run's claim reply (wire.RunSpec), beside those every run has."""
+        return {}
 
     def spec(self, job: Job) -> dict[str, Any]:
         """The kind's own keys of the request that submits this job again (the shared ones are added)."""

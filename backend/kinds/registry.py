@@ -8,14 +8,16 @@ from typing import Annotated, Any, TypeAlias
 
 from pydantic import Discriminator, RootModel, model_validator
 
-from detlab.backend.kinds import batch_invariance, bisect, collective, fix, op_audit, recording, sweep, train
+from detlab.backend.kinds import batch_invariance, bisect, collective, fix, op_audit, recording, resume, sweep, train
 from detlab.backend.kinds.base import Kind
 
 KINDS: dict[str, Kind] = {k.name: k for k in (train.KIND, collective.KIND, sweep.KIND, batch_invariance.KIND,
-                                                 op_audit.KIND, bisect.KIND, recording.KIND, fix.KIND)}
+                                                 op_audit.KIND, bisect.KIND, recording.KIND, fix.KIND,
+                                                 resume.KIND)}
 
 JobRequests: TypeAlias = (train.TrainCreate | collective.CollectiveCreate | sweep.SweepCreate
-               | batch_invariance.BatchInvarianceCreate | op_audit.OpAuditCreate | fix.FixCreate)
+               | batch_invariance.BatchInvarianceCreate | op_audit.OpAuditCreate | fix.FixCreate
+               | resume.ResumeCreate)
 AnyJobRequest = Annotated[JobRequests, Discriminator("kind")]
 
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import RECORDING, SUCCEEDED, CallsRecord, CommLog, Job, RankEnv, Run, StepRecord, TensorMeta
 from detlab.core import collective_calls, commlog, compare, configs, divergence_map, drift, steps
-from detlab.core.runs import RunData, StepData, recorded_steps
+from detlab.core.runs import RunData, StepData, recorded_steps, resumed
 
 # Packed per-tensor digests are loaded for the first divergent step and at most this many others:
 # model digests tell equal from different steps, so 100k steps never load 100k packed rows.
@@ -27,25 +27,45 @@ def load_run(*, session: Session, run: Run, workload: str, interval: int = 1,
     script's or an SDK recording's steps are its own: judged against the other run, and by how the run ended,
     as `detlab compare` judges two directories). `between`: only the steps of that closed range (and nothing
     expected)."""
-    tensors = session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index))
+    tensors = list(session.scalars(select(TensorMeta).where(TensorMeta.run_id == run.id).order_by(TensorMeta.index)))
     data = RunData(run_id=run.id, workload=workload, world_size=run.world_size,
                            tensors=[(t.name, list(t.shape), t.dtype) for t in tensors],
                            expected_steps=None if between or run.job.params.get("script")
                            or run.job.kind == RECORDING else recorded_steps(run.steps_total, interval),
                            status=run.status)
+    data.components = {t.name: t.component for t in tensors if t.component}
     # Core rows, not ORM rows: a long run has hundreds of thousands of them.
     rows = session.connection().execute(select(
         StepRecord.step, StepRecord.rank, StepRecord.model_digest, StepRecord.loss, StepRecord.step_time_s,
-        StepRecord.fp_version, StepRecord.drift_version).where(StepRecord.run_id == run.id, *(
+        StepRecord.fp_version, StepRecord.drift_version, StepRecord.state, StepRecord.segment,
+        StepRecord.restored).where(StepRecord.run_id == run.id, *(
             [StepRecord.step.between(*between)] if between else []))).all()
-    data.records = {(step, rank): StepData(None, loss, seconds, digest, version)
-                    for step, rank, digest, loss, seconds, _, version in rows}
+    data.records, data.saved = resumed({
+        (step, rank, segment): StepData(None, loss, seconds, digest, version, state=state, restored=restored,
+                                        segment=segment)
+        for step, rank, digest, loss, seconds, _, version, state, segment, restored in rows})
+    _load_restores(session, data)
     data.fp_versions = {row[5] for row in rows} or data.fp_versions
     data.positions = {rank: dict(position) for rank, position in session.execute(
         select(RankEnv.rank, RankEnv.position).where(RankEnv.run_id == run.id, RankEnv.position.is_not(None)))}
     data.preflight = {rank: list(found) for rank, found in session.execute(
         select(RankEnv.rank, RankEnv.preflight).where(RankEnv.run_id == run.id, RankEnv.preflight.is_not(None)))}
     return data
+
+
+def _load_restores(session: Session, data: RunData) -> None:
+    """The packed digests of a resumed recording's restored records and of the records they restore: the resume
+    check compares them digest by digest (a restored state holds no gradients)."""
+    restores = [(key, d) for key, d in data.records.items() if d.restored]
+    if not restores:
+        return
+    wanted = {(step, rank, d.segment): d for (step, rank), d in restores}
+    wanted.update({(step, rank, d.segment): d for (step, rank), d in data.saved.items()})
+    rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.segment, StepRecord.digests).where(
+        StepRecord.run_id == data.run_id, StepRecord.step.in_(sorted({step for step, _, _ in wanted}))))
+    for step, rank, segment, digests in rows:
+        if (found := wanted.get((step, rank, segment))) is not None:
+            found.digests = bytes(digests)
 
 
 def load_calls(*, session: Session, runs: list[RunData]) -> None:
@@ -69,11 +89,11 @@ def load_detail(*, session: Session, runs: list[RunData], steps: list[int]) -> N
     # Many steps (a window's every differing step) are read as their range: one index range scan.
     where = StepRecord.step.between(min(steps), max(steps)) if len(steps) > 100 else StepRecord.step.in_(steps)
     for data in runs:
-        rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.digests).where(
+        rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.segment, StepRecord.digests).where(
             StepRecord.run_id == data.run_id, where))
-        for step, rank, digests in rows:
-            if step in wanted and (step, rank) in data.records:
-                data.records[(step, rank)].digests = bytes(digests)
+        for step, rank, segment, digests in rows:
+            if step in wanted and (record := data.records.get((step, rank))) is not None and record.segment == segment:
+                record.digests = bytes(digests)
 
 
 def load_drift(*, session: Session, runs: list[RunData]) -> None:
@@ -84,10 +104,12 @@ def load_drift(*, session: Session, runs: list[RunData]) -> None:
         return
     # By their step numbers (at most drift.POINTS of them), never a range: rows between them are 30 KB each.
     for data in runs:
-        rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.stats, StepRecord.sketch).where(
-            StepRecord.run_id == data.run_id, StepRecord.step.in_(wanted), StepRecord.drift_version.is_not(None)))
-        for step, rank, stats, sketch in rows:
-            if (record := data.records.get((step, rank))) is not None:
+        rows = session.execute(select(StepRecord.step, StepRecord.rank, StepRecord.segment, StepRecord.stats,
+                                      StepRecord.sketch).where(StepRecord.run_id == data.run_id,
+                                                               StepRecord.step.in_(wanted),
+                                                               StepRecord.drift_version.is_not(None)))
+        for step, rank, segment, stats, sketch in rows:
+            if (record := data.records.get((step, rank))) is not None and record.segment == segment:
                 record.stats, record.sketch = bytes(stats), bytes(sketch)
 
 

@@ -39,7 +39,7 @@ MAX_LOG_BYTES = 16 << 20  # decompressed; the worker truncates before sending
 # readers (verify-collective), fingerprint_impl goes to the run, and two are converted.
 NOT_STORED: dict[type, set[str]] = {
     wire.EnvRecord: {"type", "fingerprint_impl", "torch_flags"},  # torch_flags: a dict, {} when absent
-    wire.StepRecord: {"type", "digests", "drift"},  # stored packed, as bytes
+    wire.StepRecord: {"type", "digests", "drift", "state"},  # stored packed, as bytes; state as its JSON
     wire.TrialRecord: {"type", "count", "op_bytes", "world_size", "fp_version"},
 }
 
@@ -83,6 +83,7 @@ def run_spec(run: Run) -> wire.RunSpec:
         "inject_bitflip": run.job.params.get("inject_bitflip"),
         "probe_step": bisect.probe_step(run.job),
         "record_collectives": bool(run.job.params.get("record_collectives", False)),
+        **KINDS[run.job.kind].run_fields(run),
     })
 
 
@@ -136,7 +137,8 @@ def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
                 steps.append({**_row(run, rec), "attempt": batch.attempt, "digests": bytes.fromhex(rec.digests),
                               "drift_version": drift and drift.version,
                               "stats": drift and bytes.fromhex(drift.stats),
-                              "sketch": drift and bytes.fromhex(drift.sketch)})
+                              "sketch": drift and bytes.fromhex(drift.sketch),
+                              "state": rec.state.model_dump(exclude_none=True) if rec.state else None})
             case wire.EnvRecord():
                 envs.append({**_row(run, rec), "torch_flags": rec.torch_flags.model_dump() if rec.torch_flags else {}})
                 run.fingerprint_impl = rec.fingerprint_impl or run.fingerprint_impl

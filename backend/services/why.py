@@ -57,7 +57,7 @@ def latest_audit(*, session: Session, kind: str, workload: str, config_hashes: s
 
 
 def build(*, session: Session, run_a: Run, run_b: Run, verdict: str | None, first_divergent_step: int | None,
-          job_id: int | None) -> dict[str, Any]:
+          job_id: int | None, first_component: dict[str, Any] | None = None) -> dict[str, Any]:
     """The why-report of run A against run B. `job_id`: the train job whose page shows this pair (its evidence
     links point there), or None for any two runs (the compare page)."""
     a, b = run_facts(session=session, run=run_a, side="A"), run_facts(session=session, run=run_b, side="B")
@@ -66,7 +66,7 @@ def build(*, session: Session, run_a: Run, run_b: Run, verdict: str | None, firs
               for kind in AUDIT_KINDS}
     return why.build(why.WhyInput(a=a, b=b, verdict=verdict, first_divergent_step=first_divergent_step,
                                   job_id=job_id, op_audit=audits[OP_AUDIT],
-                                  batch_invariance=audits[BATCH_INVARIANCE]))
+                                  batch_invariance=audits[BATCH_INVARIANCE], first_component=first_component))
 
 
 class BadPair(ValueError):
@@ -77,9 +77,9 @@ class NoPair(LookupError):
     """Nothing to compare yet (a 404)."""
 
 
-def _verdict(session: Session, run_a: Run, run_b: Run) -> tuple[str | None, int | None]:
+def _verdict(session: Session, run_a: Run, run_b: Run) -> tuple[str | None, int | None, dict[str, Any] | None]:
     found = pair.build(session=session, run_a=run_a, run_b=run_b)
-    return found.get("verdict"), found.get("first_divergent_step")
+    return found.get("verdict"), found.get("first_divergent_step"), found.get("first_divergent_component")
 
 
 def for_job(*, session: Session, job: Job, a: int | None, b: int | None) -> dict[str, Any]:
@@ -96,18 +96,18 @@ def for_job(*, session: Session, job: Job, a: int | None, b: int | None) -> dict
                 raise BadPair(f"run {run_id} is not a run of job {job.id} (its runs: {sorted(runs)})")
         if a == b:
             raise BadPair("a and b are the same run: pick two")
-        verdict, step = _verdict(session, runs[a], runs[b])
+        verdict, step, first = _verdict(session, runs[a], runs[b])
         return build(session=session, run_a=runs[a], run_b=runs[b], verdict=verdict, first_divergent_step=step,
-                     job_id=None)
+                     job_id=None, first_component=first)
     result = job_result(session=session, job=job) or {}
     if result.get("run_a") in runs and result.get("run_b") in runs:
         return build(session=session, run_a=runs[result["run_a"]], run_b=runs[result["run_b"]],
                      verdict=result.get("verdict"), first_divergent_step=result.get("first_divergent_step"),
-                     job_id=job.id)
+                     job_id=job.id, first_component=result.get("first_divergent_component"))
     ordered = sorted(runs.values(), key=lambda r: (r.config_index, r.repeat))
     if len(ordered) < 2:
         raise NoPair(f"job {job.id} has a single run: nothing to compare it with (GET /compare/why?a=&b= takes "
                      "runs of any jobs)")
-    verdict, step = _verdict(session, ordered[0], ordered[1])
+    verdict, step, first = _verdict(session, ordered[0], ordered[1])
     return build(session=session, run_a=ordered[0], run_b=ordered[1], verdict=verdict, first_divergent_step=step,
-                 job_id=None)
+                 job_id=None, first_component=first)

@@ -16,7 +16,8 @@ from detlab.core.results import PreflightNote
 
 # What `compare --json` prints of a verdict (per-step rows and loss curves stay out: they grow with the run).
 _COMPARE_KEYS = ("verdict", "reason", "mode", "first_divergent_step", "first_divergent_tensors", "ranks",
-                 "steps_differing", "steps_compared", "missing", "replica_disagreements", "collectives", "preflight")
+                 "steps_differing", "steps_compared", "missing", "replica_disagreements", "collectives", "preflight",
+                 "first_divergent_component", "resume")
 # ... and of its drift: the summary, not the per-step points.
 _DRIFT_KEYS = ("available", "reason", "verdict", "max", "max_step", "dtype", "rounding_level", "sampled", "k",
                "relative_error")
@@ -49,12 +50,18 @@ def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list
     elif verdict == "diverged":
         names = result["first_divergent_tensors"]
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        if not names and (first := result.get("first_divergent_component")):
+            shown = f"no tensor, the {first['component']}"  # the random state or a hyperparameter parted first
         where = f" on rank(s) {', '.join(map(str, result['ranks']))}" if result["ranks"] else ""
         lines = [f"diverged at step {result['first_divergent_step']}{where}: {shown or 'tensors not known'}; "
                  f"{result['steps_differing']} of {result['steps_compared']} compared steps differ"]
+        if first := result.get("first_divergent_component"):
+            lines.append(f"  first divergent component: {first['text']}")
     else:
         lines = [f"incomplete: the {result['steps_compared']} steps both runs recorded are equal, but data is missing"]
     lines += [f"  missing: {m}" for m in result["missing"]]
+    if resume := result.get("resume"):
+        lines.append(f"  {resume_text(resume)}")
     if result["reason"]:
         lines.append(f"  note: {result['reason']}")
     if (calls := result.get("collectives")) and calls.get("text"):
@@ -64,6 +71,13 @@ def _verdict_text(result: dict[str, Any], tensors: int, world_size: int) -> list
         lines.append(f"  drift (‖A−B‖/‖A‖, estimated): {drift['verdict']}" if drift.get("available")
                      else f"  drift: not estimated: {drift.get('reason')}")
     return lines + _preflight_text(result)
+
+
+def resume_text(resume: dict[str, Any]) -> str:
+    """`resume of run 2 at step 5: not exact (rng: torch cpu)` (also the resume kind's summary)."""
+    said = {True: "exact", False: f"not exact ({resume.get('text')})",
+            None: "not checked (the first process did not record that step)"}[resume.get("exact")]
+    return f"resume of run {resume['run']} at step {resume['step']}: {said}"
 
 
 def _check_replicas(a: Path, as_json: bool) -> int:

@@ -71,7 +71,7 @@ def why(
     server: Server = DEFAULT_SERVER,
 ) -> None:
     """Why two runs of a train job may part: the checklist in the order to debug it (logs, env parity,
-    nondeterministic ops, stack and topology, batch invariance), ✓ pass, ✗ fail, ? not checked, - not
+    nondeterministic ops, stack and topology, batch invariance, data order), ✓ pass, ✗ fail, ? not checked, - not
     applicable, each with its evidence. Exit 0 with the report, 2 on any error."""
     try:
         report = fetch(server.rstrip("/"), job, parse_pair(pair), token())

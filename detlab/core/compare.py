@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from detlab.core import collective_calls, drift, positions, shards
+from detlab.core import collective_calls, components, drift, positions, runs, shards
 from detlab.core.results import RunComparison
 from detlab.core.runs import RunData, StepData, mean_loss
 from detlab.core.shards import DIGEST_BYTES
@@ -41,8 +41,13 @@ def step_diff(a: RunData, b: RunData, step: int, ranks: list[int] | None) -> tup
     if ranks is not None:
         bad = [(r, x, y) for r in ranks
                if (x := a.records.get((step, r))) is not None and (y := b.records.get((step, r))) is not None
-               and x.key() != y.key()]
-        return bool(bad), _tensor_diff([x for _, x, _ in bad], [y for _, _, y in bad], True), [r for r, _, _ in bad]
+               and components.records_differ(a, r, x, y)]
+        if any(x.restored or y.restored for _, x, y in bad):  # beside a restored record, gradients are not compared
+            found = [components.tensor_diff(a, r, x, y) for r, x, y in bad]
+            tensors = None if any(f is None for f in found) else set().union(*found)  # type: ignore[arg-type]
+        else:
+            tensors = _tensor_diff([x for _, x, _ in bad], [y for _, _, y in bad], True)
+        return bool(bad), tensors, [r for r, _, _ in bad]
     da, db = a.at(step, a.ranks()), b.at(step, b.ranks())
     keys_a, keys_b = {d.key() for d in da}, {d.key() for d in db}
     if len(keys_a) == 1 and keys_a == keys_b:
@@ -174,6 +179,8 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
             first_step, first_ranks, first_count = step, ranks, count
             if common and a.rank_tensors and tensors is not None:  # each rank's own list
                 first_tensors = _names(a, b, step, ranks)
+                if any(a.records[(step, r)].restored or b.records[(step, r)].restored for r in ranks):
+                    first_tensors = [n for n in first_tensors if runs.component_of(a, n) != "gradients"]
             else:
                 first_tensors = [names[i] for i in sorted(tensors or ())]
     if unknown:
@@ -187,6 +194,9 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
         notes.append(f"{len(lone_steps)} recorded step(s) exist in one run only and were not compared")
     missing = missing_data(a, b)
     drifted = drift.compare(a, b, per_rank)
+    first_component = (components.first_component(a, b, first_step, first_ranks, first_tensors)
+                       if first_step is not None else None)
+    resume = components.resume_check(b) or components.resume_check(a)
     if steps and first_step == steps[0] and first_count == len(names):
         # Not a drift that grows "by step 0": the runs started from other states (an unseeded model).
         cause = (f"{INITIAL_STATES} (every tensor differs at step {first_step}, the first recorded)")
@@ -212,6 +222,8 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
         "drift": drifted,
         "collectives": calls,
         "preflight": found,
+        "first_divergent_component": first_component,
+        "resume": resume,
     })
 
 

@@ -176,6 +176,31 @@ class PreflightNote(Result):
         return f"preflight, run {self.run.upper()} (rank {ranks}): {self.matched} — {self.reason}. Fix: {self.fix}"
 
 
+class DivergentComponent(Result):
+    """The first part of the training state that differs at a step (detlab.core.components), in causal order:
+    batch, rng, loss, gradients, parameters, optimizer, buffers."""
+
+    component: str
+    tensors: list[str] = Field(default_factory=list)  # the entries within it: tensors, generators, hyperparameters
+    components: list[str] = Field(default_factory=list)  # every component that differs there, in causal order
+    text: str  # `optimizer: fc1.weight.exp_avg`
+    compared: list[str] = Field(default_factory=list)  # of batch, rng, optimizer: those both runs recorded there
+
+
+class ResumeCheck(Result):
+    """A resumed recording's first restore: whether the restored state equals the state saved at that step (None:
+    the first process did not record that step) and which components differ."""
+
+    run: int
+    step: int
+    exact: bool | None
+    components: list[str] = Field(default_factory=list)
+    tensors: list[str] = Field(default_factory=list)
+    text: str | None = None
+    restores: int = 1
+    ranks: list[int] = Field(default_factory=list)
+
+
 class RunComparison(Result):
     """Two runs compared (detlab.core.compare.compare_runs): the verdict, where they part, what is missing, how far
     they drift apart and what their collective calls say."""
@@ -199,6 +224,11 @@ class RunComparison(Result):
     collectives: CollectiveCalls | None = None  # null: neither run recorded its collective calls
     # Known-broken or no-op settings the runs' processes ran with (recorded by the SDK and the built-in ranks)
     preflight: list[PreflightNote] = Field(default_factory=list)
+
+
+    # The first part of the state that differs at the first divergent step (absent from older results).
+    first_divergent_component: DivergentComponent | None = None
+    resume: ResumeCheck | None = None  # null: neither run was resumed from a recorded step
 
     def stored(self) -> dict[str, Any]:
         """As a report stores it (JSON: tuples as lists, NaN as null): the keys the comparison set, nothing added."""
@@ -519,6 +549,41 @@ class FixResult(JobResult):
 
 
 # The result each report path serves (GET /jobs/{id}/<path>; a job names its own: JobRead.result).
+class ResumeResult(JobResult):
+    """GET /jobs/{id}/resume: a workload run straight for `steps` steps against the same run stopped after `stop_at`,
+    checkpointed and continued in a fresh process. `verdict`: exact (the two runs are identical), lost (they part:
+    `comparison.first_divergent_component` names what the resume lost, `comparison.resume` whether the restored
+    state matched the saved step), or the comparison's own verdict (incomplete, incomparable); null until both ran."""
+
+    verdict: str | None
+    steps: int
+    stop_at: int
+    lose: str | None = None  # the part of the state the job was asked to leave out of the restore (a check)
+    straight_run: int | None = None
+    resumed_run: int | None = None
+    comparison: RunComparison | None = None
+
+    def summary(self, *, job_id: int, status: str, verdict: str | None, url: str) -> list[str]:
+        lines = [f"job {job_id} {status}: resume at step {self.stop_at} of {self.steps}: {self.verdict or 'pending'}"]
+        cmp = self.comparison
+        if cmp is not None and cmp.first_divergent_component is not None:
+            lines.append(f"  first divergent step {cmp.first_divergent_step}, component "
+                         f"{cmp.first_divergent_component.text}")
+        if cmp is not None and cmp.resume is not None:
+            said = {True: "matched the saved step", False: f"did not match the saved step ({cmp.resume.text})",
+                    None: "not checked"}[cmp.resume.exact]
+            lines.append(f"  restored state at step {cmp.resume.step}: {said}")
+        lines += [f"  missing: {m}" for m in (cmp.missing if cmp else [])]
+        return lines + [f"  {url}"]
+
+    def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:
+        if check and self.verdict is not None and self.verdict != "exact":
+            what = self.comparison.first_divergent_component if self.comparison else None
+            return [f"resume {self.verdict}" + (f": {what.text}" if what else "")]
+        return []
+
+
 RESULTS: dict[str, type[JobResult]] = {"comparison": TrainResult, "collective": CollectiveResult,
                                        "diagnosis": DiagnosisResult, "bisect": BisectResult,
-                                       "fix": FixResult}
+                                       "fix": FixResult, "resume": ResumeResult}
+

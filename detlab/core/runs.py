@@ -21,6 +21,10 @@ class StepData:
     drift_version: str | None = None
     stats: bytes | None = None
     sketch: bytes | None = None
+    # What the step recorded beside its tensors (wire.StepState as a dict: component -> name -> value); None: nothing.
+    state: dict[str, dict[str, str]] | None = None
+    restored: bool = False  # the restored state of a resumed recording (its gradients are not part of it)
+    segment: int = 0  # the process of a resumed recording that made it (0: the first)
 
     def key(self) -> str | bytes | None:
         return self.model_digest if self.model_digest is not None else self.digests
@@ -48,6 +52,12 @@ class RunData:
     comm_logs: list[dict[str, Any]] | None = None  # its ranks' parsed NCCL/RCCL logs; None: none recorded
     # rank -> the preflight findings on its process (wire.PreflightFinding as dicts); a rank absent: not checked.
     preflight: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    # tensor name -> its component (parameters, buffers, optimizer, gradients); a name not in it: by its name.
+    components: dict[str, str] = field(default_factory=dict)
+    # A resumed recording: per (step, rank) of each restore, the record of that step made before it (the saved
+    # state the restore should give back). `records` holds the restored record there, and after it the records of
+    # the process that continued.
+    saved: dict[tuple[int, int], StepData] = field(default_factory=dict)
     # steps() and ranks() are asked once per step of a comparison: cached while `records` keeps its size.
     _cache: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -67,6 +77,33 @@ class RunData:
 
     def at(self, step: int, ranks: list[int]) -> list[StepData]:
         return [d for r in ranks if (d := self.records.get((step, r))) is not None]
+
+
+def component_of(run: RunData, name: str) -> str:
+    """Which part of the training state a recorded tensor is (recordings from before components were: by name)."""
+    return run.components.get(name) or ("gradients" if name.endswith(".grad") else "parameters")
+
+
+def resumed(segments: dict[tuple[int, int, int], StepData]) -> tuple[dict[tuple[int, int], StepData],
+                                                                      dict[tuple[int, int], StepData]]:
+    """A recording's records by (step, rank, segment) as the comparison reads them: per rank, each later segment
+    takes over from its first step on (the earlier segment's records from there on are a timeline that the restore
+    abandoned), its restored record standing at the restored step. Returns (records, saved): `saved` holds, at each
+    restored step, the record the earlier segment made of it."""
+    starts: dict[tuple[int, int], int] = {}  # (rank, segment) -> its first step
+    for step, rank, segment in segments:
+        starts[(rank, segment)] = min(step, starts.get((rank, segment), step))
+    records: dict[tuple[int, int], StepData] = {}
+    saved: dict[tuple[int, int], StepData] = {}
+    for (step, rank, segment), data in sorted(segments.items(), key=lambda kv: kv[0][2]):
+        later = [s for (r, s), first in starts.items() if r == rank and s > segment and first <= step]
+        if later:
+            if data.restored is False and any(starts[(rank, s)] == step and segments[(step, rank, s)].restored
+                                              for s in later):
+                saved[(step, rank)] = data
+            continue
+        records[(step, rank)] = data
+    return records, saved
 
 
 def mean_loss(run: RunData, step: int) -> float | None:

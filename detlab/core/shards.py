@@ -16,6 +16,9 @@ from typing import Any
 import numpy as np
 
 DIGEST_BYTES = 16
+# The digest a record holds for a tensor of its list that the state lacked when it was recorded (a resumed run's
+# optimizer state that was not restored; gradients before any backward): no tensor's fingerprint is all zeros.
+ABSENT = bytes(DIGEST_BYTES)
 # Disagreeing tensors reported per run (those of its first disagreeing step): the rest are counted.
 MAX_REPORTED = 20
 

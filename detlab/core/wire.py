@@ -52,6 +52,7 @@ INT32 = 2**31 - 1  # an Integer column
 INT64 = 2**63 - 1  # a BigInteger column
 MAX_WORLD_SIZE = 1024  # as ConfigBody.world_size
 MAX_RECORDS = 10_000  # per ingest batch
+MAX_SEGMENTS = 1 << 16  # restores of one recording (StepRecord.segment)
 MAX_ERROR_CHARS = 20_000  # a run's error text
 REF_MAX_ELEMS = 1 << 22  # the float64 reference of a collective is skipped above this many output elements
 
@@ -164,6 +165,21 @@ SCRIPT_ENTRIES: dict[RunKind, str] = {"train": "detlab.Recorder", "op-audit": "d
 SCRIPT_RUN_KINDS: tuple[RunKind, ...] = tuple(SCRIPT_ENTRIES)
 
 
+# The parts of a training state a resume can lose (the `resume` kind leaves one out of a built-in's restore on request).
+LostPart = Literal["optimizer", "rng", "data", "scheduler"]
+
+
+class ResumePlan(Wire):
+    """A run of a `resume` job. `stop_at` None: the straight run (the same state recorded, no checkpoint); else the
+    run stopped after `stop_at`, checkpointed and continued in fresh processes. The worker adds `phase` (which of
+    the two launches) and `checkpoint_dir` (where the first writes and the second reads) for its ranks."""
+
+    stop_at: int | None = Field(default=None, ge=1, le=INT32)
+    lose: LostPart | None = None
+    phase: Literal["stop", "continue"] | None = None
+    checkpoint_dir: str | None = Field(default=None, max_length=4096)
+
+
 class RunPlan(Wire):
     """What one run executes, whoever launches it: the knobs of its config and of its job."""
 
@@ -184,6 +200,7 @@ class RunPlan(Wire):
     # (detlab.core.bisect names the entries).
     probe_step: int | None = Field(default=None, ge=1, le=INT32)
     record_collectives: bool = False  # train: fingerprint every collective's input and output (`calls` records)
+    resume: ResumePlan | None = None  # a run of a `resume` job (detlab.worker.ranks.resume)
 
     @model_validator(mode="after")
     def _collective_iff_kind(self) -> RunPlan:
@@ -273,11 +290,16 @@ class EnvRecord(Wire):
     preflight: list[PreflightFinding] | None = Field(default=None, max_length=32)
 
 
+# Which part of the training state a recorded tensor belongs to (the comparison names the first that differs).
+TensorComponent = Literal["parameters", "buffers", "optimizer", "gradients"]
+
+
 class TensorInfo(Wire):
     index: Index
     name: Annotated[str, Field(min_length=1, max_length=255)]
     shape: list[Bytes] = Field(max_length=32)
     dtype: Annotated[str, Field(min_length=1, max_length=32)]
+    component: TensorComponent | None = None  # None: recorded before components were (a parameter, or `.grad`)
 
 
 class Placement(Wire):
@@ -342,9 +364,30 @@ class Drift(Wire):
         return self
 
 
+StateKey = Annotated[str, Field(min_length=1, max_length=255)]
+StateValue = Annotated[str, Field(max_length=64)]  # a digest (32 hex) or a short value as text (an lr)
+StateEntries = Annotated[dict[StateKey, StateValue], Field(max_length=4096)]
+
+
+class StepState(Wire):
+    """What a step records beside its tensors, entry by entry (name -> digest or value as text), compared for
+    equality: the step's input (`batch`, its tensors by path: `x`, `[0]`, `input_ids`), the random generators'
+    states after it (`rng`: `torch cpu`, `torch cuda:0`, `numpy`, `python`, `rng[0]` ...) and the optimizer's
+    hyperparameters and non-tensor state (`optimizer`: `param_groups[0].lr`, `fc1.weight.step` ...). None: not
+    recorded."""
+
+    batch: StateEntries | None = None
+    rng: StateEntries | None = None
+    optimizer: StateEntries | None = None
+
+
 class StepRecord(Wire):
     """One rank's state after one step: the model's digest, one digest per tensor, the loss's bits, and (optional:
-    records from before detlab took them, or without them) per-tensor statistics and sketches."""
+    records from before detlab took them, or without them) per-tensor statistics and sketches.
+
+    A recording continued after a restore (Recorder(resume=True)) is in segments: the records of the n-th process
+    carry `segment` n; its first record (`restored`) is the restored state of the checkpoint's step, recorded
+    again beside the record of that step that the first process made."""
 
     type: Literal["step"] = "step"
     step: Index
@@ -356,11 +399,16 @@ class StepRecord(Wire):
     loss: FiniteFloat | None = None  # None before the first step, or when the loss is not finite (bits keep it)
     step_time_s: Seconds
     drift: Drift | None = None
+    state: StepState | None = None
+    segment: int = Field(default=0, ge=0, le=MAX_SEGMENTS)
+    restored: bool = False
 
     @model_validator(mode="after")
     def _drift_per_digest(self) -> StepRecord:
         if self.drift is not None and self.drift.tensors() != len(self.digests) // 32:
             raise ValueError(f"drift describes {self.drift.tensors()} tensors, the digests {len(self.digests) // 32}")
+        if self.restored and self.segment == 0:
+            raise ValueError("a restored record belongs to a resumed segment (segment >= 1)")
         return self
 
 

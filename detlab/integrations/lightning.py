@@ -26,8 +26,13 @@ class DetlabCallback(RecorderCallback, Callback):
 
     >>> trainer = lightning.Trainer(max_steps=100, callbacks=[DetlabCallback(out="runs/a")])
 
-    Options are detlab.Recorder's (name, tags, every, names, grads, buffers, overwrite), with
-    `optimizer_state=True` for the state of the module's one optimizer.
+    Options are detlab.Recorder's (name, tags, every, names, grads, buffers, overwrite, rng: on by default), with
+    `optimizer_state=True` for the state of the module's one optimizer; `batches=True` (default) records each
+    step's batches (a step's list of them with accumulate_grad_batches).
+
+    `trainer.fit(..., ckpt_path=...)` restores global step K: the callback continues the recording in `out`
+    (resume=True) and records the restored state of step K first, so that `detlab compare` says whether the
+    restore matched and what the resumed run lost.
 
     Step N is the state after the N-th optimizer step (`trainer.global_step`), recorded at the end of the
     batch that made it: with `accumulate_grad_batches`, the last batch of the step. The loss is the sum of
@@ -39,14 +44,17 @@ class DetlabCallback(RecorderCallback, Callback):
 
     _loss: torch.Tensor | None = None
     _stepped = 0
+    _seen: list[Any]
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         optimizers = trainer.optimizers
         if self._optimizer_state and len(optimizers) != 1:
             raise ValueError(f"DetlabCallback(optimizer_state=True) records one optimizer's state; this module "
                              f"configures {len(optimizers)}: pass optimizer_state=False")
-        self._start(optimizers[0] if self._optimizer_state else None)
-        self._loss, self._stepped = None, trainer.global_step
+        self._start(optimizers[0] if self._optimizer_state else None, resumed_at=trainer.global_step)
+        self._loss, self._stepped, self._seen = None, trainer.global_step, []
+        if trainer.global_step > 0:
+            self._record_restored(trainer.global_step, pl_module)
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
@@ -57,11 +65,13 @@ class DetlabCallback(RecorderCallback, Callback):
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):
             self._loss = loss.detach() if self._loss is None else self._loss + loss.detach()
+        self._seen.append(batch)
         if trainer.global_step == self._stepped:
             return  # a batch that only accumulated gradients
         self._stepped = trainer.global_step
         loss, self._loss = self._loss, None
-        self._record_step(trainer.global_step, pl_module, loss)
+        seen, self._seen = self._seen, []
+        self._record_step(trainer.global_step, pl_module, loss, seen[0] if len(seen) == 1 else seen)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._end()

@@ -31,7 +31,7 @@ class RecorderCallback:
     def __init__(self, out: str | os.PathLike[str] | None = None, *, server: str | None = None,
                  token: str | None = None, name: str | None = None, tags: Sequence[str] = (), every: int = 1,
                  names: NameFilter = None, grads: bool = False, optimizer_state: bool = False,
-                 buffers: bool = False, overwrite: bool = False) -> None:
+                 buffers: bool = False, overwrite: bool = False, rng: bool = True, batches: bool = True) -> None:
         super().__init__()
         if isinstance(tags, str):
             raise TypeError("tags takes a list of strings, e.g. tags=['ci']")
@@ -40,23 +40,32 @@ class RecorderCallback:
         self.out = Path(out) if out is not None else None
         self._options: dict[str, Any] = {"server": server, "token": token, "name": name, "tags": list(tags),
                                          "every": every, "names": names,
-                                         "grads": grads, "buffers": buffers, "overwrite": overwrite}
-        self._grads, self._optimizer_state = grads, optimizer_state
+                                         "grads": grads, "buffers": buffers, "overwrite": overwrite, "rng": rng}
+        self._grads, self._optimizer_state, self._batches = grads, optimizer_state, batches
         self.recorder: Recorder | None = None
 
-    def _start(self, optimizer: torch.optim.Optimizer | None) -> None:
+    def _start(self, optimizer: torch.optim.Optimizer | None, *, resumed_at: int = 0) -> None:
+        """Make the Recorder. `resumed_at` > 0: the framework restored a checkpoint of that global step (Lightning's
+        ckpt_path=, the HF Trainer's resume_from_checkpoint=): continue the recording in `out` (resume=True)."""
         from detlab.sdk.recorder import Recorder
 
         self._end(failed=True)  # left open by a training that raised where the framework has no event for it
-        self.recorder = Recorder(self.out, optimizer=optimizer if self._optimizer_state else None, **self._options)
+        self.recorder = Recorder(self.out, optimizer=optimizer if self._optimizer_state else None,
+                                 **{**self._options, "resume": resumed_at > 0, "overwrite":
+                                    self._options["overwrite"] and resumed_at == 0})
+
+    def _record_restored(self, step: int, model: torch.nn.Module) -> None:
+        """The restored state of the checkpoint's step, recorded again beside the step's first record."""
+        if self.recorder is not None:
+            self.recorder.step(step, model)
 
     def _record_grads(self, step: int, model: torch.nn.Module) -> None:
         if self.recorder is not None and self._grads:
             self.recorder.grads(step, model)
 
-    def _record_step(self, step: int, model: torch.nn.Module, loss: Any) -> None:
+    def _record_step(self, step: int, model: torch.nn.Module, loss: Any, batch: Any = None) -> None:
         if self.recorder is not None:
-            self.recorder.step(step, model, loss=loss)
+            self.recorder.step(step, model, loss=loss, batch=batch if self._batches and batch else None)
 
     def _end(self, *, failed: bool = False) -> None:
         """Close the recorder (queued records are written): run.json says `finished`, or `failed`."""

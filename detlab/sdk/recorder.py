@@ -30,15 +30,19 @@ from detlab.core.wire import (
     PreflightFinding,
     RecordingOpen,
     StepRecord,
+    StepState,
     Tags,
+    TensorComponent,
     TensorInfo,
     TensorsRecord,
     explain,
 )
 from detlab.sdk import identity, store, upload
 from detlab.sdk.probing import Probing
+from detlab.sdk.resume import ABSENT, Resumed, read_resumed
 from detlab.sdk.spool import Spool
 from detlab.tensors import named as named_tensors
+from detlab.tensors import state as train_state
 from detlab.tensors.collectives import CallTracer, calls_record
 from detlab.tensors.digests import Digester, Pending, read_scalar
 
@@ -156,7 +160,16 @@ class Recorder:
                    step; it measures the step time).
       names        which tensors: glob pattern(s) on the recorded names, or a function of the name.
       buffers      also the model's buffers (BatchNorm running statistics, ...).
-      optimizer    also this optimizer's per-parameter state (`fc1.weight.exp_avg`, ...).
+      optimizer    also this optimizer's per-parameter state (`fc1.weight.exp_avg`, ...), its param groups'
+                   hyperparameters (`param_groups[0].lr`: an LR scheduler that restarted shows here) and the
+                   state it keeps as numbers.
+      rng          True: also the states of the default random generators after each recorded step (torch CPU,
+                   each CUDA device once CUDA is initialised, numpy's global, Python's `random`); a list (or a
+                   dict by name) of torch / numpy / `random.Random` generators: those too.
+      resume       continue the recording already in `out` after restoring a checkpoint in a new process: the
+                   first recorded `rec.step(K, model)` at or before its last recorded step re-records step K from
+                   the restored state (call it right after loading the checkpoint, before training on); both
+                   records of step K are kept and `detlab compare` says whether the restore matched.
       grads        also the gradients the optimizer step consumes (`fc1.weight.grad`): call
                    `rec.grads(step, model)` after `loss.backward()` and before `optimizer.step()`.
       drift        also per-tensor statistics (float64 sum, L2 norm, max |x|) and a 16-number sketch of every
@@ -178,7 +191,7 @@ class Recorder:
                  names: named_tensors.NameFilter = None, grads: bool = False,
                  optimizer: torch.optim.Optimizer | None = None, buffers: bool = False, drift: bool = True,
                  overwrite: bool = False, flush_timeout_s: float = 60.0, collectives: bool = False,
-                 position: Any = None) -> None:
+                 position: Any = None, rng: train_state.Generators = False, resume: bool = False) -> None:
         server = server or None
         self._probing: Probing | None = None
         if run_dir := os.environ.get("DETLAB_RUN_DIR"):
@@ -186,6 +199,8 @@ class Recorder:
             # them itself, every as many steps as the job asks, under the config's torch flags.
             out, server = run_dir, None
             every = int(os.environ.get("DETLAB_EVERY", every))
+            # A resume job's second launch continues the first's recording (detlab.worker.runner.phases).
+            resume = resume or os.environ.get("DETLAB_RESUME") == "1"
             if probe_step := os.environ.get("DETLAB_PROBE_STEP"):  # a bisect of this script (detlab.sdk.probing)
                 self._probing, every = Probing(int(probe_step)), 1
             if flags := os.environ.get("DETLAB_TORCH_FLAGS"):
@@ -212,6 +227,18 @@ class Recorder:
 
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if not isinstance(rng, (bool, list, tuple, dict)):
+            raise TypeError("rng takes True, or a list (or a dict by name) of torch / numpy / random generators")
+        self._rng_defaults, self._rng_named = rng is True, train_state.named_generators(rng)
+        self._rng = bool(rng)
+        if resume and overwrite:
+            raise ValueError("resume=True continues the recording in `out`, overwrite=True replaces it: pass one")
+        if resume and out is None:
+            raise ValueError("resume=True needs out=DIR, the directory of the recording to continue")
+        if resume and server is not None:
+            # The server closes a recording when its ranks close; it does not reopen one for a second process yet.
+            raise ValueError("resume=True records to out= only, not online: drop server= and, once the run is done, "
+                             "send the whole recording with `detlab upload DIR --server URL`")
         self.out: Path | None = Path(out) if out is not None else None  # online without out: set at the start
         self.server, self._token, self._flush_timeout_s = server, token, flush_timeout_s
         self._streamer: upload.Streamer | None = None
@@ -240,8 +267,14 @@ class Recorder:
         self._last_call: float | None = None
         self._closed = False
         self._tracer: CallTracer | None = None
+        # resume=True: what the recording in `out` holds of this rank (detlab.sdk.resume); its first recorded step
+        # here is the restored state, if at or before the last step recorded.
+        self._resumed: Resumed | None = None
+        self._restoring = False
         if self.out is not None:
-            if not overwrite:  # said now, not at the first rec.step after the model was built
+            if resume:
+                self._resumed = read_resumed(self.out, identity.current().rank)
+            elif not overwrite:  # said now, not at the first rec.step after the model was built
                 self._refuse_existing(store.rank_path(self.out, identity.current().rank))
             self.out.mkdir(parents=True, exist_ok=True)
         # Records already handed to the writer reach the file even if the script never calls close().
@@ -295,10 +328,16 @@ class Recorder:
             raise ValueError("rec.hook_ddp() needs detlab.Recorder(..., collectives=True)")
         self._tracer.hook_ddp(model)
 
-    def step(self, step: int, model: torch.nn.Module, *, loss: Any = None) -> None:
+    def step(self, step: int, model: torch.nn.Module, *, loss: Any = None, batch: Any = None) -> None:
         """Record the state after `step`: call after `optimizer.step()`. `loss`: a scalar tensor or number
-        (recorded by its float32 bits), or None. Steps must increase; those not a multiple of `every` are
-        only timed. Digests are computed on the tensors' device and written in the background."""
+        (recorded by its float32 bits), or None. `batch`: the step's input, a tensor or a dict / list / tuple of
+        them (nested), fingerprinted: two runs that read their data in another order differ here first. Steps
+        must increase; those not a multiple of `every` are only timed. Digests are computed on the tensors'
+        device and written in the background.
+
+        With resume=True, the first recorded call at a step at or before the recording's last one records the
+        restored state of that step (call it after loading the checkpoint, without training: no loss, batch or
+        gradients); the steps after it continue the recording."""
         self._check_open()
         now = time.perf_counter()
         seconds = now - self._last_call if self._last_call is not None else 0.0
@@ -306,6 +345,9 @@ class Recorder:
         calls = self._tracer.take() if self._tracer is not None else []
         if not self.records(step):
             return
+        self._restoring = False
+        if self._resumed is not None and self._last_step is None:
+            self._restoring = step <= self._resumed.last_step
         if self._last_step is not None and step <= self._last_step:
             self._finish("failed")  # the script dies here: the recording says so, never `running`
             raise ValueError(
@@ -320,39 +362,61 @@ class Recorder:
                                put=self._spool.put, digester=self._digester, loss_bits=loss_bits)
             self._last_step = step
             return
-        state = self._state(model)
+        state, components = self._state(model)
         recorded = state
         grad_digests = None
         grad_sketch = None
+        absent: list[int] | None = None  # a restored record: where its tensors sit in the recording's list
         try:
-            if self._grads:
+            if self._grads and not self._restoring:
                 pending = self._grad_pending
                 if pending is None or pending[0] != step:
                     raise ValueError(f"grads=True but step {step} has no gradients: call rec.grads({step}, model) "
                                      "after loss.backward() and before optimizer.step()")
                 recorded = state + pending[1]
+                components = components + ["gradients"] * len(pending[1])
                 grad_digests, grad_sketch = pending[2], pending[3]
                 self._grad_pending = None
-            self._check_tensors(step, recorded)
+            if self._restoring:
+                absent = self._restored_slots(step, recorded)
+            else:
+                self._check_tensors(step, recorded, components)
         except ValueError:
             self._finish("failed")  # as for a step out of order: never left `running`
             raise
         # Queued on the device now, read on the writer thread: the loop never waits for them.
         digests, sketched = self._queue([t for _, t in state])
+        if absent is not None:
+            sketched = None  # a restore's record has no drift: the state it restored is compared, not its motion
+        read_batch = train_state.submit_batch(batch, self._digester) if batch is not None else None
+        rngs = train_state.rng_states(self._rng_named, defaults=self._rng_defaults) if self._rng else None
+        hyper = (train_state.optimizer_entries(self._optimizer, {id(p): n for n, p in
+                                                                 self._tensors_of(model).parameters()})
+                 if self._optimizer is not None else None)
         read_loss = read_scalar(loss)
-        rank = self._who.rank
+        rank, restored = self._who.rank, self._restoring
+        segment = self._resumed.segment if self._resumed is not None else 0
+        slots = len(self._tensors or ())
 
         def record() -> StepRecord:
             from detlab.tensors import fingerprint as fp
 
-            found = digests.result() + (grad_digests.result() if grad_digests is not None else [])
-            packed = b"".join(fp.digest_to_bytes(d) for d in found)
+            found = [fp.digest_to_bytes(d) for d in
+                     digests.result() + (grad_digests.result() if grad_digests is not None else [])]
+            if absent is not None:  # the restored state lacks some of the list (gradients, lost optimizer state)
+                placed = [ABSENT] * slots
+                for i, d in zip(absent, found, strict=True):
+                    placed[i] = d
+                found = placed
+            packed = b"".join(found)
             value = read_loss()
+            extra = StepState(batch=read_batch() if read_batch is not None else None, rng=rngs, optimizer=hyper)
             return StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION,
                               model_digest=fp.fingerprint_bytes(packed), digests=packed.hex(),
                               loss_bits=loss_bits(value),
                               loss=value if value is not None and math.isfinite(value) else None,
-                              step_time_s=max(seconds, 0.0), drift=_drift(sketched, grad_sketch))
+                              step_time_s=max(seconds, 0.0), drift=_drift(sketched, grad_sketch),
+                              state=extra if extra != StepState() else None, segment=segment, restored=restored)
 
         self._spool.put(record)
         if calls:
@@ -406,26 +470,46 @@ class Recorder:
                 kept[n] = bool(self._keep(n))
         return [(n, t) for n, t in named if kept[n]]
 
-    def _state(self, model: torch.nn.Module) -> named_tensors.Named:
+    def _state(self, model: torch.nn.Module) -> tuple[named_tensors.Named, list[TensorComponent]]:
+        """The tensors a step records (gradients aside) and the component of each."""
         found = self._tensors_of(model)
-        named = found.parameters()
+        parts: list[tuple[TensorComponent, named_tensors.Named]] = [("parameters", found.parameters())]
         if self._buffers:
-            named = named + found.buffers()
+            parts.append(("buffers", found.buffers()))
         if self._optimizer is not None:
-            named = named + found.optimizer_state(self._optimizer)
-        return self._filter(named)
+            parts.append(("optimizer", found.optimizer_state(self._optimizer)))
+        kept = [(c, self._filter(named)) for c, named in parts]
+        return [t for _, named in kept for t in named], [c for c, named in kept for _ in named]
 
-    def _check_tensors(self, step: int, recorded: named_tensors.Named) -> None:
+    def _restored_slots(self, step: int, recorded: named_tensors.Named) -> list[int]:
+        """Where each tensor of a restored step sits in the recording's list: the restored state may lack some
+        (no gradients before a backward; optimizer state that was not restored), never hold others."""
+        assert self._tensors is not None
+        index = {n: i for i, (n, _, _) in enumerate(self._tensors)}
+        described = named_tensors.describe(recorded)
+        stray = [n for n, _, _ in described if n not in index]
+        changed = [n for n, s, d in described if n in index and self._tensors[index[n]][1:] != (s, d)]
+        if stray or changed:
+            raise ValueError(f"rec.step({step}) after resume: the restored state holds tensors the recording does not "
+                             f"(new: {stray[:5]}, other shape or dtype: {changed[:5]}); continue a recording of the "
+                             "same model, optimizer and names=")
+        return [index[n] for n, _, _ in described]
+
+    def _check_tensors(self, step: int, recorded: named_tensors.Named, components: list[TensorComponent]) -> None:
         """The first recorded step fixes the tensor list (the order of every step's digests)."""
         names, layout = [n for n, _ in recorded], named_tensors.layout(recorded)
         if self._fixed is not None and self._fixed[0] == names and self._fixed[1] == layout:
             return
         described = named_tensors.describe(recorded)
+        if self._tensors is not None and self._fixed is None and described == self._tensors:
+            self._fixed = (names, layout)  # resumed: the list is the recording's, as its tensors record says
+            return
         if self._tensors is None:
             if not described:
                 raise ValueError("no tensor to record: names= matched none of the model's tensors")
             self._tensors, self._fixed = described, (names, layout)
-            infos = [TensorInfo(index=i, name=n, shape=s, dtype=d) for i, (n, s, d) in enumerate(described)]
+            infos = [TensorInfo(index=i, name=n, shape=s, dtype=d, component=c)
+                     for i, ((n, s, d), c) in enumerate(zip(described, components, strict=True))]
             record = TensorsRecord(tensors=infos, layouts=named_tensors.layouts(recorded, self._model))
             assert self._spool is not None
             self._spool.put(lambda: record)
@@ -453,6 +537,9 @@ class Recorder:
             self.out = spool_root() / recording
             self.out.mkdir(parents=True, exist_ok=True)
         path = store.rank_path(self.out, who.rank)
+        if self._resumed is not None:
+            self._begin_resumed(who, path)
+            return
         try:
             self._spool = Spool(path, overwrite=self._overwrite)
         except FileExistsError:
@@ -477,6 +564,20 @@ class Recorder:
         if self.server:
             opening = RecordingOpen(recording=recording, name=self.name, tags=self.tags, world_size=who.world_size)
             self._streamer = upload.Streamer(self.server, self._token, opening, path, who.rank)
+
+    def _begin_resumed(self, who: Identity, path: Path) -> None:
+        """resume=True: append to this rank's file of the recording (its env and tensors records are there)."""
+        assert self._resumed is not None and self.out is not None
+        manifest = self._resumed.manifest
+        if manifest.world_size != who.world_size:
+            raise ValueError(f"resume=True: {self.out} is a recording of world size {manifest.world_size}, this run "
+                             f"has {who.world_size}; continue it with as many ranks")
+        self._tensors = self._resumed.tensors
+        self._spool = Spool(path, append=True)
+        self._who = who
+        if who.rank == 0:
+            self._manifest = manifest.model_copy(update={"status": "running", "finished": None})
+            store.write_manifest(self.out, self._manifest)
 
     def _refuse_existing(self, path: Path) -> None:
         if path.exists():

@@ -22,10 +22,11 @@ _STOP = object()
 
 
 class Spool:
-    def __init__(self, path: Path, *, depth: int = 4, overwrite: bool = False) -> None:
+    def __init__(self, path: Path, *, depth: int = 4, overwrite: bool = False, append: bool = False) -> None:
         # O_EXCL refuses a file already there: two recordings never mix in one file. 0600: the records are the
-        # user's (tensor names, losses), not everyone's on a shared node.
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
+        # user's (tensor names, losses), not everyone's on a shared node. append: a resumed recording's own file.
+        flags = (os.O_WRONLY | os.O_APPEND if append
+                 else os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL))
         self._file = os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8")
         self._path = path
         self._jobs: queue.Queue[object] = queue.Queue(maxsize=depth)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from detlab.core.collective_calls import RunCalls, StepCalls
-from detlab.core.runs import RunData, StepData
+from detlab.core.runs import RunData, StepData, resumed
 from detlab.core.shards import DIGEST_BYTES, RankTensor
 from detlab.core.wire import (
     DIAGNOSIS_RECORDS,
@@ -167,7 +167,8 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
         raise RecordsError(f"{out}: rank file(s) {outside} lie outside the run's world size "
                            f"{manifest.world_size}; the directory mixes recordings: record into a fresh one")
     tensors: dict[int, list[RankTensor]] = {}
-    records: dict[tuple[int, int], StepData] = {}
+    components: dict[str, str] = {}
+    records: dict[tuple[int, int, int], StepData] = {}  # (step, rank, segment): a resumed recording has several
     versions: set[str] = set()
     positions: dict[int, dict[str, int]] = {}
     preflight: dict[int, list[dict[str, Any]]] = {}
@@ -183,20 +184,22 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
                 calls[(rec.step, rank)] = step_calls(rec)
             elif isinstance(rec, TensorsRecord):
                 tensors[rank] = rank_tensors(rec)
+                components.update({t.name: t.component for t in rec.tensors if t.component})
             elif isinstance(rec, StepRecord):
                 if rec.rank != rank:
                     raise RecordsError(f"{path}: holds a step record of rank {rec.rank}; each rank writes its own file")
-                if (rec.step, rank) in records:
+                if (rec.step, rank, rec.segment) in records:
                     raise RecordsError(f"{path}: step {rec.step} is recorded twice; the directory mixes "
                                        "recordings: record into a fresh one")
                 drift = rec.drift
-                records[(rec.step, rank)] = StepData(digests=bytes.fromhex(rec.digests), loss=rec.loss,
-                                                     step_time_s=rec.step_time_s, model_digest=rec.model_digest,
-                                                     drift_version=drift.version if drift else None,
-                                                     stats=bytes.fromhex(drift.stats) if drift else None,
-                                                     sketch=bytes.fromhex(drift.sketch) if drift else None)
+                records[(rec.step, rank, rec.segment)] = StepData(
+                    digests=bytes.fromhex(rec.digests), loss=rec.loss, step_time_s=rec.step_time_s,
+                    model_digest=rec.model_digest, drift_version=drift.version if drift else None,
+                    stats=bytes.fromhex(drift.stats) if drift else None,
+                    sketch=bytes.fromhex(drift.sketch) if drift else None,
+                    state=rec.state.model_dump(exclude_none=True) if rec.state else None, restored=rec.restored)
                 versions.add(rec.fp_version)
-    for (step, rank), data in records.items():
+    for (step, rank, _), data in records.items():
         if rank not in tensors:
             raise RecordsError(f"{rank_path(out, rank)}: has step records but no tensors record")
         if data.digests is not None and len(data.digests) != DIGEST_BYTES * len(tensors[rank]):
@@ -205,10 +208,11 @@ def load_run(out: Path, run_id: int = 1) -> RunData:
                                "record into a fresh one")
     status = {"finished": "succeeded", "failed": "failed (closed by an exception)",
               "running": "did not close (crashed, still running, or rec.close() was not called)"}[manifest.status]
+    current, saved = resumed(records)
     return RunData(run_id=run_id, workload=WORKLOAD, world_size=manifest.world_size,
                    tensors=[(t.name, t.shape, t.dtype) for t in tensors[min(tensors)]] if tensors else [],
-                   records=records, fp_versions=versions or {manifest.fp_version}, status=status, rank_tensors=tensors,
-                   positions=positions, calls=calls, preflight=preflight)
+                   records=current, fp_versions=versions or {manifest.fp_version}, status=status, rank_tensors=tensors,
+                   positions=positions, calls=calls, preflight=preflight, components=components, saved=saved)
 
 
 def step_calls(rec: CallsRecord) -> StepCalls:

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import httpx
-
 from detlab.core.wire import RECORD, Record, RecordingOpen
 from detlab.sdk import store
+from detlab.sdk.quiet import httpx
 
 if TYPE_CHECKING:
     from detlab.core.ingest_client import IngestClient

@@ -1,7 +1,7 @@
 """each rank's preflight findings: the known-broken or no-op settings its process ran with (detlab.core.preflight)
 
 Revision ID: 0017
-Revises: 0013
+Revises: 0015
 Create Date: 2026-12-02 13:00:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0017'
-down_revision = '0013'
+down_revision = '0015'
 branch_labels = None
 depends_on = None
 

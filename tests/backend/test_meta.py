@@ -45,7 +45,7 @@ def test_meta_lists_the_kinds_of_the_registry_with_where_their_results_are(clien
     kinds = {k["name"]: k for k in client.get("/api/v1/meta").json()["kinds"]}
     assert list(kinds) == list(KINDS)
     assert {name for name, k in kinds.items() if k["submit"]} == {"train", "collective", "sweep", "batch-invariance",
-                                                                  "op-audit", "fix"}
+                                                                  "op-audit", "fix", "resume"}
     assert (kinds["train"]["result"], kinds["collective"]["result"], kinds["op-audit"]["result"],
             kinds["sweep"]["result"], kinds["fix"]["result"]) == (
         "comparison", "collective", "diagnosis", None, "fix")  # a sweep's: its `over`'s

@@ -113,3 +113,24 @@ def test_recording_ids_move_from_idempotency_keys_to_their_column_and_back(db_ur
         assert conn.execute(text("SELECT job_id FROM runs")).scalars().all() == [1]
     command.upgrade(config, "head")
     engine.dispose()
+
+
+def test_a_resumed_recordings_restored_records_go_on_downgrade_and_its_first_records_stay(db_url: str) -> None:
+    config = alembic_config(db_url)
+    command.upgrade(config, "0015")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        _insert_job(conn, id=1, kind="recording", workload="sdk", params=json.dumps({}), tags="[]")
+        conn.execute(text("INSERT INTO configs (id, name, hash, body, created_at) "
+                          "VALUES (1, 'recorded', 'h', '{}', '2026-11-30 12:00:00+00:00')"))
+        conn.execute(text("INSERT INTO runs (id, job_id, config_id, config_index, repeat, world_size, steps_total, "
+                          "steps_done, status, attempt) VALUES (1, 1, 1, 0, 0, 1, 0, 0, 'running', 1)"))
+        for segment in (0, 1):  # step 2 saved, then restored: one row per segment
+            conn.execute(text("INSERT INTO step_records (run_id, step, rank, attempt, fp_version, model_digest, "
+                              "digests, loss_bits, step_time_s, segment, restored) VALUES (1, 2, 0, 1, 'fp2', 'd', "
+                              ":b, '', 0, :s, :r)"), {"b": b"", "s": segment, "r": bool(segment)})
+    command.downgrade(config, "0013")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT step FROM step_records")).scalars().all() == [2]
+    command.upgrade(config, "head")
+    engine.dispose()

@@ -51,7 +51,7 @@ def pair(a: RunFacts | None = None, b: RunFacts | None = None, **kw: Any) -> Why
 def test_the_items_come_in_the_debug_order_of_the_notes() -> None:
     report = why.build(pair())
     assert [(i["step"], i["key"]) for i in report["items"]] == [
-        (1, "logs"), (2, "env"), (3, "ops"), (4, "stack"), (5, "batch")]
+        (1, "logs"), (2, "env"), (3, "ops"), (4, "stack"), (5, "batch"), (6, "data")]
     assert report["note"] is None and all(i["status"] in why.STATUSES for i in report["items"])
 
 
@@ -311,3 +311,18 @@ def test_no_batch_invariance_job_is_not_checked() -> None:
 
 def test_a_batch_invariance_job_of_another_model_is_not_checked() -> None:
     assert item(pair(batch_invariance=batch_job(True, workload="tiny-lm")), "batch")["status"] == "not-checked"
+
+
+# ---- 6. data order ----------------------------------------------------------------------------------------
+
+def test_a_batch_that_parts_first_is_named_as_the_data_order() -> None:
+    found = item(pair(first_divergent_step=3, first_component={"component": "batch", "tensors": ["x"],
+                                                                "compared": ["batch", "rng"]}), "data")
+    assert found["status"] == "fail" and found["found"].startswith("data order differs: the runs read other "
+                                                                   "batches at step 3 (x)")
+
+
+def test_equal_batches_pass_and_unrecorded_ones_are_not_checked() -> None:
+    rng = {"component": "rng", "tensors": ["torch cpu"]}
+    assert item(pair(first_component={**rng, "compared": ["batch", "rng"]}), "data")["status"] == "pass"
+    assert item(pair(first_component={**rng, "compared": ["rng"]}), "data")["status"] == "not-checked"

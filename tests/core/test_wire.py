@@ -48,7 +48,8 @@ def env(**fields: Any) -> dict[str, Any]:
 
 
 def tensors() -> dict[str, Any]:
-    return {"type": "tensors", "tensors": [{"index": 0, "name": "0.weight", "shape": [512, 64], "dtype": "float32"}]}
+    return {"type": "tensors", "tensors": [{"index": 0, "name": "0.weight", "shape": [512, 64], "dtype": "float32",
+                                            "component": "parameters"}]}
 
 
 def refusal(data: Any) -> str:

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
@@ -233,4 +234,23 @@ def test_a_single_config_job_shows_the_reproducibility_of_its_repeats(embedded: 
         expect(page.locator("body")).not_to_contain_text("undefined")
         assert errors == []
         page.screenshot(path=str(screenshot_dir(tmp_path) / "single-config.png"), full_page=True)
+        browser.close()
+
+
+def test_a_resume_job_is_exact_and_one_that_loses_the_optimizer_names_it_on_its_page(embedded: Stack) -> None:
+    """The resume kind end to end: real rank processes stop after step 2, checkpoint, and fresh ones continue."""
+    body = {"kind": "resume", "workload": "mlp", "steps": 4, "stop_at": 2, "world_size": 2,
+            "configs": [{"preset": "default"}]}
+    exact, lost = embedded.submit(body), embedded.submit({**body, "lose": "optimizer"})
+    for job in (exact, lost):
+        assert embedded.wait_job(job["id"], timeout=300)["status"] == "succeeded"
+    result = httpx.get(f"{embedded.url}/api/v1/jobs/{exact['id']}/resume", timeout=30).json()
+    assert (result["verdict"], result["comparison"]["resume"]["exact"]) == ("exact", True), result
+    with sync_playwright() as pw:
+        browser, page, errors = open_job(pw, embedded, lost["id"])
+        expect(page.locator("#resume-verdict")).to_have_text("lost")
+        expect(page.locator("#resume-component")).to_contain_text("optimizer: ")
+        expect(page.locator("#resume-step")).to_have_text("2")
+        expect(page.locator("#resume-restore")).to_contain_text("differs from the saved state")
+        assert errors == []
         browser.close()

@@ -59,7 +59,7 @@ def test_detlab_why_prints_the_checklist_with_marks_and_evidence(api: Stack) -> 
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"why job {job['id']}: run {a['id']} (A) vs run {b['id']} (B), diverged at step 1"
-    assert [line.split(" ", 2)[1] for line in lines if line[:1].isdigit()] == ["-", "✗", "?", "✓", "?"]
+    assert [line.split(" ", 2)[1] for line in lines if line[:1].isdigit()] == ["-", "✗", "?", "✓", "?", "?"]
     assert "     NCCL_SOCKET_IFNAME differs (A vs B): unset vs eth1" in lines
     assert f"     evidence: run {b['id']} (B) env per rank: {api.url}/api/v1/runs/{b['id']}/envs" in lines
     report = json.loads(cli(api, str(job["id"]), "--json", "--pair", f"{b['id']},{a['id']}").stdout)
@@ -84,9 +84,9 @@ def test_a_diverged_jobs_page_shows_the_checklist_and_its_evidence_opens(embedde
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(f"{embedded.url}/jobs/{job['id']}")
         items = page.locator("#why li.why-item")
-        expect(items).to_have_count(5, timeout=60_000)
-        assert [items.nth(i).get_attribute("data-status") for i in range(5)] == [
-            "not-applicable", "pass", "not-checked", "pass", "not-checked"]
+        expect(items).to_have_count(6, timeout=60_000)
+        assert [items.nth(i).get_attribute("data-status") for i in range(6)] == [
+            "not-applicable", "pass", "not-checked", "pass", "not-checked", "not-checked"]
         expect(items.nth(0)).to_contain_text("not applicable (gloo: no NCCL)")
         env = page.locator("#why li[data-key=env]")
         # the config's own NCCL_ALGO is the experiment, not a parity failure (the seed makes the runs part)

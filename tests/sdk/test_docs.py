@@ -25,7 +25,7 @@ def examples() -> dict[str, str]:
     found = {name: f"# {name}\n{body}" for name, body in BLOCK.findall(DOC.read_text())}
     assert set(found) == {"train.py", "train_options.py", "train_ddp.py", "ddp.sh", "train_fsdp.py", "fsdp.sh",
                           "replicas.sh", "train_lightning.py", "train_hf.py", "ci.sh", "audit_step.py",
-                          "invariance.py"}
+                          "invariance.py", "train_resume.py", "resume.sh"}
     return found
 
 
@@ -67,6 +67,23 @@ def test_the_batch_invariance_example_names_the_module_that_mixes_samples(tmp_pa
     done = run(save(tmp_path), "python", "invariance.py")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "invariant: False; breaks at batch 2 in module 1\n"
+
+
+def test_the_resume_example_is_exact(tmp_path: Path) -> None:
+    done = run(save(tmp_path), "bash", "resume.sh")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines() == ["identical: 20 steps x 1 rank(s) x 16 tensors equal",
+                                                "  resume of run 2 at step 9: exact"]
+
+
+def test_the_resume_example_without_its_rng_restore_names_the_rng(tmp_path: Path) -> None:
+    train = save(tmp_path) / "train_resume.py"
+    train.write_text(train.read_text().replace('    torch.set_rng_state(saved["rng"])\n', ""))
+    done = run(tmp_path, "bash", "resume.sh")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[:3] == [
+        "diverged at step 9 on rank(s) 0: no tensor, the rng; 11 of 20 compared steps differ",
+        "  first divergent component: rng: torch cpu", "  resume of run 2 at step 9: not exact (rng: torch cpu)"]
 
 
 def test_the_options_example_records_what_its_options_name(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from detlab.core.compare import compare_runs
 from detlab.sdk import load_run
 from tests.sdk.test_compare import compare, verdict
 
@@ -80,6 +81,18 @@ def test_one_element_changed_in_a_lightning_run_names_its_step_and_tensor(lightn
     assert done.stdout.startswith("diverged at step 3 on rank(s) 0: net.0.weight;")
 
 
+def test_a_lightning_resume_from_ckpt_path_is_exact_but_its_loader_starts_the_epoch_again(
+        lightning_run: Path, tmp_path: Path) -> None:
+    """fit(ckpt_path=) restores model, optimizer and step; a plain DataLoader begins its epoch again (Lightning warns
+    so): the recording continues, the restore is exact, and the batch is what parts first, at the next step."""
+    resumed = record(LIGHTNING, tmp_path / "b", *RECORD_ALL, "--steps", "3", "--checkpoint")
+    record(LIGHTNING, resumed, *RECORD_ALL, "--resume")
+    result = compare_runs(load_run(lightning_run, 1), load_run(resumed, 2))
+    assert result.resume is not None and (result.resume.step, result.resume.exact) == (3, True)
+    assert result.first_divergent_step == 4 and result.first_divergent_component is not None
+    assert result.first_divergent_component.component == "batch"
+
+
 def test_the_callback_records_a_pytorch_lightning_trainer_alike(lightning_run: Path, tmp_path: Path) -> None:
     """The same class serves the older `pytorch_lightning` package's Trainer (Lightning calls hooks by name)."""
     done = compare(lightning_run, record(LIGHTNING, tmp_path / "b", *RECORD_ALL, "--package", "pytorch_lightning"))
@@ -123,6 +136,14 @@ def test_one_element_changed_in_an_hf_trainer_run_names_its_step_and_tensor(hf_r
     done = compare(hf_run, changed)
     assert done.returncode == 1
     assert done.stdout.startswith("diverged at step 2 on rank(s) 0: transformer.h.0.mlp.c_fc.weight;")
+
+
+def test_an_hf_resume_from_checkpoint_is_identical_and_exact(hf_run: Path, tmp_path: Path) -> None:
+    resumed = record(HF, tmp_path / "b", *RECORD_ALL, "--stop-at", "3")
+    record(HF, resumed, *RECORD_ALL, "--resume", "3")
+    result = compare_runs(load_run(hf_run, 1), load_run(resumed, 2))
+    assert result.verdict == "identical"
+    assert result.resume is not None and (result.resume.step, result.resume.exact) == (3, True)
 
 
 def test_with_gradient_accumulation_an_hf_step_is_one_optimizer_step_with_the_trainers_loss(tmp_path: Path) -> None:

@@ -179,7 +179,13 @@ def train(spec: RankSpec) -> None:
 
 
 def main() -> None:
-    train(RankSpec.model_validate_json(Path(sys.argv[1]).read_text()))
+    spec = RankSpec.model_validate_json(Path(sys.argv[1]).read_text())
+    if spec.resume is not None:  # a run of a resume job: the same training, checkpointed and restored
+        from detlab.worker.ranks import resume
+
+        resume.train(spec)
+    else:
+        train(spec)
 
 
 if __name__ == "__main__":

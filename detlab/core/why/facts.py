@@ -56,6 +56,8 @@ class WhyInput:
     job_id: int | None = None  # the train job whose pair this is; None for any two runs
     op_audit: AuditJob | None = None
     batch_invariance: AuditJob | None = None
+    # The comparison's first divergent component (detlab.core.components.summary); None: not known.
+    first_component: dict[str, Any] | None = None
 
 
 @dataclass

@@ -2,6 +2,10 @@
 one-layer GPT-2 built from its config (nothing downloaded) on seeded random tokens, one thread.
 
 Usage: python train_hf.py OUT [--steps N] [--accumulate N] [--grads] [--optimizer-state] [--flip STEP:TENSOR]
+                             [--stop-at K] [--resume K]
+
+--stop-at K stops after step K and saves the Trainer's checkpoint under OUT.hf; --resume K trains from it
+(resume_from_checkpoint=).
 
 --flip moves one element of the parameter TENSOR by one ulp right after optimizer step STEP. Prints
 {"training_loss": ...}, the Trainer's mean loss per step.
@@ -28,8 +32,17 @@ def main() -> None:
     parser.add_argument("--grads", action="store_true")
     parser.add_argument("--optimizer-state", action="store_true")
     parser.add_argument("--flip", default="-1:")
+    parser.add_argument("--stop-at", type=int, default=0)
+    parser.add_argument("--resume", type=int, default=0)
     args = parser.parse_args()
     flip_step, flip_name = args.flip.split(":")
+
+    class Stop(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == stop_at:
+                control.should_save = control.should_training_stop = True
+
+    stop_at = args.stop_at
 
     class Flip(TrainerCallback):
         def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -45,12 +58,15 @@ def main() -> None:
     tokens = torch.randint(0, 64, (32, 16), generator=torch.Generator().manual_seed(1))
     data = [{"input_ids": t, "labels": t} for t in tokens]
     with tempfile.TemporaryDirectory() as scratch:
-        training = TrainingArguments(output_dir=scratch, max_steps=args.steps, per_device_train_batch_size=4,
+        kept = args.stop_at or args.resume
+        training = TrainingArguments(output_dir=f"{args.out}.hf" if kept else scratch, max_steps=args.steps,
+                                     per_device_train_batch_size=4,
                                      gradient_accumulation_steps=args.accumulate, learning_rate=1e-3, seed=0,
                                      use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
                                      disable_tqdm=True, remove_unused_columns=False)
-        callbacks = [Flip(), DetlabCallback(args.out, grads=args.grads, optimizer_state=args.optimizer_state)]
-        done = Trainer(model=model, args=training, train_dataset=data, callbacks=callbacks).train()
+        callbacks = [Flip(), Stop(), DetlabCallback(args.out, grads=args.grads, optimizer_state=args.optimizer_state)]
+        done = Trainer(model=model, args=training, train_dataset=data, callbacks=callbacks).train(
+            resume_from_checkpoint=f"{args.out}.hf/checkpoint-{args.resume}" if args.resume else None)
     print(json.dumps({"training_loss": done.training_loss}))  # the mean of the Trainer's per-step losses
 
 

@@ -2,7 +2,9 @@
 gloo under `torchrun --nproc-per-node N`. Deterministic on CPU: seeded model and data, one thread per rank.
 
 Usage: python train_lightning.py OUT [--steps N] [--grads] [--optimizer-state] [--package pytorch_lightning]
-                                     [--flip STEP:RANK:TENSOR] [--raise-at STEP]
+                                     [--flip STEP:RANK:TENSOR] [--raise-at STEP] [--checkpoint] [--resume]
+
+--checkpoint saves the trainer's checkpoint at the end as OUT.ckpt; --resume fits from it (ckpt_path=).
 
 --flip moves one element of the parameter TENSOR by one ulp on RANK after optimizer step STEP, in a
 callback that runs before detlab's; --raise-at raises in training_step of the batch after step STEP.
@@ -28,6 +30,8 @@ def main() -> None:
     parser.add_argument("--package", default="lightning.pytorch", choices=["lightning.pytorch", "pytorch_lightning"])
     parser.add_argument("--flip", default="-1:-1:")
     parser.add_argument("--raise-at", type=int, default=-1)
+    parser.add_argument("--checkpoint", action="store_true")
+    parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
     pl = importlib.import_module(args.package)
     flip_step, flip_rank, flip_name = args.flip.split(":")
@@ -64,7 +68,9 @@ def main() -> None:
                          enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[Flip(), DetlabCallback(args.out, grads=args.grads,
                                                            optimizer_state=args.optimizer_state)])
-    trainer.fit(model, data)
+    trainer.fit(model, data, ckpt_path=f"{args.out}.ckpt" if args.resume else None)
+    if args.checkpoint:
+        trainer.save_checkpoint(f"{args.out}.ckpt")
 
 
 if __name__ == "__main__":
