@@ -135,7 +135,7 @@ for name in sys.argv[2:]:
     for info in pkgutil.walk_packages(getattr(mod, "__path__", []) if walk else [], name + "."):
         # Triton is a GPU-only dependency; alembic's env.py runs only inside alembic (its imports are
         # the server's db and models, imported here anyway).
-        if info.name.endswith((".triton_impl", ".drift_triton", "migrations.env")):
+        if info.name.endswith((".triton_impl", ".drift_triton", ".onepass_triton", "migrations.env")):
             skipped.append(info.name)
             continue
         importlib.import_module(info.name)

@@ -114,6 +114,15 @@ class Kind:
         """The kind's own keys of one run's claim reply (wire.RunSpec), beside those every run has."""
         return {}
 
+    def bisect_refusal(self, job: Job) -> str | None:
+        """Why a pair of this job cannot be bisected, whatever its state (None: it can, once finished). Bisect
+        replays a train pair (detlab.backend.services.bisect)."""
+        return f"job {job.id} is a {job.kind} job; bisect replays the pair of a train job"
+
+    def probe_step(self, job: Job) -> int | None:
+        """The step each of the job's runs probes module by module (the claim reply's `probe_step`), or None."""
+        return None
+
     def spec(self, job: Job) -> dict[str, Any]:
         """The kind's own keys of the request that submits this job again (the shared ones are added)."""
         raise InvalidJob(f"a {self.name} job is not submitted through POST /jobs")

@@ -49,5 +49,10 @@ class BatchInvariance(DiagnosisKind):
     def list_verdict(self, job: Job, result: dict[str, Any]) -> str | None:
         return diagnosis.invariance_verdict(result["configs"])
 
+    def about_workload(self, job: Job, result: dict[str, Any], workload: str) -> bool:
+        # An ops-only job has no model: its configs' `model` is null.
+        return any(isinstance(c, dict) and isinstance(c.get("model"), dict) and c["model"].get("workload") == workload
+                   for c in result.get("configs") or [])
+
 
 KIND = BatchInvariance()

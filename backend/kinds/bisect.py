@@ -22,6 +22,9 @@ class Bisect(Kind):
     def run_kind(self, job: Job) -> RunKind:
         return "train"
 
+    def probe_step(self, job: Job) -> int | None:
+        found = job.params.get("bisect")
+        return int(found["step"]) if found else None
 
 
 KIND = Bisect()

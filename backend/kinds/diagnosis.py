@@ -45,6 +45,10 @@ class DiagnosisKind(Kind):
     def build(self, *, session: Any, job: Job) -> dict[str, Any] | None:
         return typed("diagnosis", diagnosis_report.build(session=session, job=job, config=type(self).config))
 
+    def about_workload(self, job: Job, result: dict[str, Any], workload: str) -> bool:
+        """Whether this finished job (its `result`) measured `workload`'s model (a why-report cites it then)."""
+        return (result.get("workload") or job.workload) == workload
+
     @staticmethod
     def params(spec: DiagnosisSpec, workload: str | None) -> dict[str, Any]:
         return {"diagnosis": spec.model_copy(update={"workload": workload}).model_dump()}

@@ -19,6 +19,10 @@ class Recording(Kind):
     def run_kind(self, job: Job) -> RunKind:
         return "train"
 
+    def bisect_refusal(self, job: Job) -> str | None:
+        return (f"job {job.id} is an SDK recording: detlab cannot run your training again. Bisect a train job of a "
+                "built-in workload, or record more detail with detlab.Recorder (grads=True, optimizer=...)")
+
     def spec(self, job: Job) -> dict[str, Any]:
         # The SDK sent it from a user's own loop: the server holds nothing that could run it again.
         raise InvalidJob(f"job {job.id} is a recording of a user's own training loop (detlab.Recorder): the server "

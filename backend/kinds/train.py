@@ -92,6 +92,9 @@ class Train(Kind):
     def run_kind(self, job: Job) -> RunKind:
         return "train"
 
+    def bisect_refusal(self, job: Job) -> str | None:
+        return None
+
     def spec(self, job: Job) -> dict[str, Any]:
         return train_spec(job)
 

@@ -14,8 +14,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from detlab.backend.kinds.base import InvalidJob
+from detlab.backend.kinds.registry import kind_of
 from detlab.backend.kinds.train import TrainCreate
-from detlab.backend.models import BISECT, FINISHED, RECORDING, Job, Run
+from detlab.backend.models import BISECT, FINISHED, Job, Run
 from detlab.backend.reports import train as train_report
 from detlab.backend.schemas import BisectCreate
 from detlab.backend.services.jobs import create_job
@@ -36,11 +37,8 @@ def pair_runs(job: Job, pair: tuple[int, int]) -> tuple[Run, Run]:
 
 def _source_error(job: Job) -> str | None:
     """Why this job cannot be bisected, or None."""
-    if job.kind == RECORDING:
-        return (f"job {job.id} is an SDK recording: detlab cannot run your training again. Bisect a train job of a "
-                "built-in workload, or record more detail with detlab.Recorder (grads=True, optimizer=...)")
-    if job.kind != "train":
-        return f"job {job.id} is a {job.kind} job; bisect replays the pair of a train job"
+    if refusal := kind_of(job.kind).bisect_refusal(job):
+        return refusal
     if job.status not in FINISHED:
         return f"job {job.id} is {job.status}; bisect it once it has finished"
     return None
@@ -103,5 +101,4 @@ def again(*, session: Session, job: Job, settings: Settings, submitter: str | No
 
 def probe_step(job: Job) -> int | None:
     """The step a job's runs probe (a bisect job's), or None."""
-    found = job.params.get("bisect") if job.kind == BISECT else None
-    return int(found["step"]) if found else None
+    return kind_of(job.kind).probe_step(job)

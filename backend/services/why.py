@@ -8,13 +8,15 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from detlab.backend.kinds import batch_invariance, op_audit
+from detlab.backend.kinds.diagnosis import DiagnosisKind
 from detlab.backend.models import FINISHED, CommLog, Config, Job, RankEnv, Run
 from detlab.backend.reports import pair
 from detlab.backend.services.settle import job_result, report_kind
 from detlab.core import why
 
-OP_AUDIT, BATCH_INVARIANCE = "op-audit", "batch-invariance"
-AUDIT_KINDS = (OP_AUDIT, BATCH_INVARIANCE)
+# The audits a why-report cites (detlab.core.why.WhyInput names each).
+AUDIT_KINDS: tuple[DiagnosisKind, ...] = (op_audit.KIND, batch_invariance.KIND)
 # Finished audit jobs looked at, newest first, to find one of the workload: a bound on a busy server's history.
 AUDIT_SCAN = 200
 _ENV_COLUMNS = ("rank", "host", "device", "driver", "cuda", "hip", "torch", "nccl", "backend", "effective_env",
@@ -31,17 +33,11 @@ def run_facts(*, session: Session, run: Run, side: str) -> why.RunFacts:
                         logs={rank: parsed for rank, parsed in logs})
 
 
-def _of_workload(kind: str, job: Job, result: dict[str, Any], workload: str) -> bool:
-    if kind == BATCH_INVARIANCE:  # an ops-only job has no model: its configs' `model` is null
-        return any(isinstance(c, dict) and isinstance(c.get("model"), dict) and c["model"].get("workload") == workload
-                   for c in result.get("configs") or [])
-    return (result.get("workload") or job.workload) == workload
-
-
-def latest_audit(*, session: Session, kind: str, workload: str, config_hashes: set[str]) -> why.AuditJob | None:
+def latest_audit(*, session: Session, kind: DiagnosisKind, workload: str,
+                 config_hashes: set[str]) -> why.AuditJob | None:
     """The latest finished job of this kind about this workload, one that ran a compared run's config when there
     is one; None when there is none."""
-    jobs = session.scalars(select(Job).where(Job.kind == kind, Job.status.in_(FINISHED), Job.result.is_not(None))
+    jobs = session.scalars(select(Job).where(Job.kind == kind.name, Job.status.in_(FINISHED), Job.result.is_not(None))
                            .order_by(func.coalesce(Job.finished_at, Job.created_at).desc(), Job.id.desc())
                            .limit(AUDIT_SCAN)).all()
     ids = {i for job in jobs for i in job.config_ids}
@@ -49,8 +45,8 @@ def latest_audit(*, session: Session, kind: str, workload: str, config_hashes: s
     found = []
     for job in jobs:
         result = job_result(session=session, job=job)
-        if result and result.get("kind") == kind and _of_workload(kind, job, result, workload):
-            found.append(why.AuditJob(job_id=job.id, kind=kind, result=result,
+        if result and result.get("kind") == kind.name and kind.about_workload(job, result, workload):
+            found.append(why.AuditJob(job_id=job.id, kind=kind.name, result=result,
                                       config_hashes=[hashes.get(i, "") for i in job.config_ids],
                                       finished_at=job.finished_at and job.finished_at.isoformat()))
     return next((a for a in found if config_hashes & set(a.config_hashes)), found[0] if found else None)
@@ -62,11 +58,11 @@ def build(*, session: Session, run_a: Run, run_b: Run, verdict: str | None, firs
     links point there), or None for any two runs (the compare page)."""
     a, b = run_facts(session=session, run=run_a, side="A"), run_facts(session=session, run=run_b, side="B")
     hashes = {a.config_hash, b.config_hash}
-    audits = {kind: latest_audit(session=session, kind=kind, workload=a.workload, config_hashes=hashes)
+    audits = {kind.name: latest_audit(session=session, kind=kind, workload=a.workload, config_hashes=hashes)
               for kind in AUDIT_KINDS}
     return why.build(why.WhyInput(a=a, b=b, verdict=verdict, first_divergent_step=first_divergent_step,
-                                  job_id=job_id, op_audit=audits[OP_AUDIT],
-                                  batch_invariance=audits[BATCH_INVARIANCE], first_component=first_component))
+                                  job_id=job_id, op_audit=audits[op_audit.KIND.name],
+                                  batch_invariance=audits[batch_invariance.KIND.name], first_component=first_component))
 
 
 class BadPair(ValueError):

@@ -102,6 +102,12 @@ class Stack:
         return resp.json()
 
 
+# A worker without a heartbeat (every 0.5 s here) for this long is lost, and so are its runs: 30 heartbeats, so
+# that a worker or API that a loaded machine starves for seconds is not judged dead (its run redone as attempt 2,
+# its queue shown without a worker). A test of a lost worker sets its own, shorter.
+RUN_STALE_AFTER_S = 15
+
+
 def stack_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DETLAB_")}
     # Runs' folders go under the test's own temp dir: another test's run 1 (other people's too) is not ours.
@@ -109,7 +115,8 @@ def stack_env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     env["TMPDIR"] = str(tmp_path / "tmp")
     env.update({"DETLAB_DATA_DIR": str(tmp_path / "data"), "DETLAB_API_URL": f"http://127.0.0.1:{port}",
                 "DETLAB_INGEST_TOKEN": secrets.token_urlsafe(24), "DETLAB_HEARTBEAT_INTERVAL_S": "0.5",
-                "DETLAB_RECONCILE_INTERVAL_S": "1", "DETLAB_RUN_STALE_AFTER_S": "6", "PYTHONUNBUFFERED": "1",
+                "DETLAB_RECONCILE_INTERVAL_S": "1", "DETLAB_RUN_STALE_AFTER_S": str(RUN_STALE_AFTER_S),
+                "PYTHONUNBUFFERED": "1",
                 "OMP_NUM_THREADS": "1"})
     env.update(extra)
     return env

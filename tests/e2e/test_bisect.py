@@ -15,6 +15,13 @@ from playwright.sync_api import expect, sync_playwright
 from tests.e2e.conftest import Stack
 from tests.e2e.test_browser import ARGS, CHROMIUM, screenshot_dir
 
+
+@pytest.fixture
+def embedded(shared_embedded: Stack) -> Stack:
+    """These tests look only at jobs of their own, by id: they share one `detlab up` (tests/e2e/conftest.py)."""
+    return shared_embedded
+
+
 # Two threads and no deterministic mode: index_add_ adds in an order that varies, so the pair parts at step 1.
 SCATTER = {"workload": "scatter", "steps": 1, "world_size": 2,
            "configs": [{"preset": "default", "name": name, "threads": 2} for name in ("a", "b")]}

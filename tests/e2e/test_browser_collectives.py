@@ -17,6 +17,13 @@ from tests.e2e.conftest import Stack
 from tests.e2e.test_browser import ARGS, CHROMIUM
 from tests.sdk.test_collectives import record
 
+
+@pytest.fixture
+def distributed(shared_distributed: Stack) -> Stack:
+    """These tests look only at jobs of their own, by id: they share one deployment (tests/e2e/conftest.py)."""
+    return shared_distributed
+
+
 pytestmark = pytest.mark.browser
 
 

@@ -8,12 +8,19 @@ import sys
 import time
 
 import httpx
+import pytest
 from sqlalchemy import create_engine, text
 
 from tests.conftest import ROOT
 from tests.e2e.conftest import Stack, read_job, wait_for
 from tests.e2e.test_browser_diagnosis import SCATTER_OPS
 from tests.e2e.test_cancel import GONE_WITHIN_S, gone_after
+
+
+@pytest.fixture
+def distributed(shared_distributed: Stack) -> Stack:
+    """These tests look only at jobs of their own, by id: they share one deployment (tests/e2e/conftest.py)."""
+    return shared_distributed
 
 
 def diagnosis(stack: Stack, job_id: int) -> dict:

@@ -113,7 +113,8 @@ def report(fault: str, tallies: list[Tally], left: list[str]) -> None:
 def test_worker_sigkilled_mid_run_is_redone_by_a_new_worker_with_no_record_lost_or_doubled(
         tmp_path: Path, own_postgres: PostgresServer, own_redis: RedisServer) -> None:
     steps, world = 100, 2
-    with private_stack(tmp_path, own_postgres, own_redis) as stack:
+    # Lost after 6 s without a heartbeat: the killed worker's run is redone soon after.
+    with private_stack(tmp_path, own_postgres, own_redis, DETLAB_RUN_STALE_AFTER_S="6") as stack:
         job = stack.submit({"workload": "tiny-lm", "steps": steps, "world_size": world,
                             "configs": [{"preset": "default"}]})
         run_id = job["runs"][0]["id"]
@@ -246,8 +247,10 @@ def test_hung_rank_fails_the_run_naming_it_with_its_output_and_keeps_every_recor
         wait_for("three recorded steps", lambda: steps_done(stack, job["id"]) >= 3, stack)
         os.kill(rank_pid(stack, run_id, 1), signal.SIGSTOP)
         (folder,) = stack.spool_root.glob(f"{SPOOL_PREFIX}{run_id}-*")
-        # Rank 0 blocks in its next all_reduce: from then on neither spool grows (well before the hang timeout).
-        recorded = wait_steady(lambda: spooled_steps(folder), timeout=30, steady_s=1.0, what="the spools",
+        # Rank 0 blocks in its next all_reduce: from then on neither spool grows (and once the hang timeout has
+        # killed the ranks, surely not). Steady for 4 s, not 1: a rank that a loaded machine starved for a second
+        # could still write the step it was in, which `recorded` would then miss.
+        recorded = wait_steady(lambda: spooled_steps(folder), timeout=60, steady_s=4.0, what="the spools",
                                explain=stack.logs)
 
         done = stack.wait_job(job["id"], timeout=60)

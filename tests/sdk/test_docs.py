@@ -100,17 +100,26 @@ def test_the_options_example_records_what_its_options_name(tmp_path: Path) -> No
     assert (manifest["name"], manifest["tags"], manifest["every"]) == ("options", ["docs"], 5)
 
 
-def test_the_torchrun_example_gives_identical_runs_of_two_ranks(tmp_path: Path) -> None:
-    done = run(save(tmp_path), "bash", "ddp.sh")
+@pytest.fixture(scope="module")
+def ddp_example(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The torchrun example's two runs (`ddp.sh`), made once for the tests that read them: its folder and output."""
+    workdir = save(tmp_path_factory.mktemp("ddp"))
+    return workdir, run(workdir, "bash", "ddp.sh")
+
+
+def test_the_torchrun_example_gives_identical_runs_of_two_ranks(
+        ddp_example: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    workdir, done = ddp_example
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "identical: 20 steps x 2 rank(s) x 4 tensors equal"
-    assert sorted(p.name for p in (tmp_path / "runs" / "ddp-a").iterdir()) == ["rank0.jsonl", "rank1.jsonl", "run.json"]
+    assert sorted(p.name for p in (workdir / "runs" / "ddp-a").iterdir()) == ["rank0.jsonl", "rank1.jsonl", "run.json"]
 
 
-def test_the_replica_check_of_the_torchrun_example_finds_its_replicas_equal(tmp_path: Path) -> None:
-    done = run(save(tmp_path), "torchrun", "--standalone", "--nproc-per-node", "2", "train_ddp.py", "runs/ddp-a")
+def test_the_replica_check_of_the_torchrun_example_finds_its_replicas_equal(
+        ddp_example: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    workdir, done = ddp_example
     assert done.returncode == 0, done.stderr[-2000:]
-    done = run(tmp_path, "bash", "replicas.sh")
+    done = run(workdir, "bash", "replicas.sh")
     assert (done.returncode, done.stdout.strip()) == (
         0, "replicas agree: 20 steps x 4 replicated tensors equal on every rank that holds them")
 
