@@ -33,6 +33,7 @@ from detlab.backend.app import create_app
 from detlab.backend.db import get_session
 from detlab.backend.services import dispatch as dispatch_service
 from detlab.core.settings import Settings, get_settings
+from detlab.core.wire import LEASE_HEADER
 
 TOKEN = "t" * 32
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -68,9 +69,10 @@ def app(engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> 
     return app
 
 
-def seed(app: Any) -> None:
+def seed(app: Any) -> dict[str, str]:
     """A live worker (so /health answers 200) and a job of two runs: run 1 claimed with two steps recorded,
-    run 2 queued, so that ids 1 and 2 find rows and the reports have data."""
+    run 2 queued, so that ids 1 and 2 find rows and the reports have data. Returns what ingest requests send: the
+    worker's token and run 1's lease, so that bodies for run 1 reach the database."""
     with TestClient(app) as client:
         beat = {"worker": "w", "queue": "default"}
         assert client.post("/api/v1/ingest/heartbeat", json=beat, headers=AUTH).status_code == 200
@@ -81,9 +83,11 @@ def seed(app: Any) -> None:
         step = {"type": "step", "rank": 0, "fp_version": "fp1", "model_digest": "fp1:" + "0" * 32,
                 "digests": "ab" * 16, "loss_bits": "3f800000", "loss": 1.0, "step_time_s": 0.01}
         records = [{**step, "step": s} for s in range(2)]
+        headers = {**AUTH, LEASE_HEADER: spec["lease"]}
         resp = client.post("/api/v1/ingest/runs/1/records", json={"attempt": spec["attempt"], "records": records},
-                           headers=AUTH)
+                           headers=headers)
         assert resp.status_code == 200
+    return headers
 
 
 SEEDED = {"job_id": 1, "run_id": 1, "run_a": 1, "run_b": 2, "rank": 0}  # rows seed() made: bodies reach the database
@@ -113,14 +117,14 @@ class Tally:
     statuses: Counter[str] = field(default_factory=Counter)  # "POST /path 422": how deep the examples got
 
 
-def auth(operation: Any) -> dict[str, str] | None:
-    return AUTH if operation.path.startswith("/api/v1/ingest") else None
+def auth(operation: Any, ingest: dict[str, str]) -> dict[str, str] | None:
+    return ingest if operation.path.startswith("/api/v1/ingest") else None
 
 
-def strategies(operation: Any) -> dict[str, SearchStrategy[schemathesis.Case]]:
+def strategies(operation: Any, ingest: dict[str, str]) -> dict[str, SearchStrategy[schemathesis.Case]]:
     """How one operation is fuzzed: valid and invalid requests, valid ones on the seeded rows, the schema's
     own examples."""
-    headers = auth(operation)
+    headers = auth(operation, ingest)
     out = {mode.value: operation.as_strategy(generation_mode=mode, headers=headers)
            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)}
     if "{" in operation.path:
@@ -131,9 +135,10 @@ def strategies(operation: Any) -> dict[str, SearchStrategy[schemathesis.Case]]:
     return out
 
 
-def fuzz(operation: Any, label: str, strategy: SearchStrategy[schemathesis.Case], tally: Tally) -> None:
+def fuzz(operation: Any, label: str, strategy: SearchStrategy[schemathesis.Case], tally: Tally,
+         ingest: dict[str, str]) -> None:
     """EXAMPLES requests from one strategy to one operation; server errors go to the tally."""
-    headers = auth(operation)
+    headers = auth(operation, ingest)
 
     @given(case=strategy)
     @hypothesis_settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
@@ -157,18 +162,19 @@ def fuzz(operation: Any, label: str, strategy: SearchStrategy[schemathesis.Case]
 
 
 def test_no_operation_answers_a_server_error(app: Any, db_url: str) -> None:
-    seed(app)
+    ingest = seed(app)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     # Ingest first and cancels last, so the seeded run is still running when its bodies are fuzzed.
     operations = sorted((result.ok() for result in schema.get_all_operations()),
                         key=lambda op: (not op.path.startswith("/api/v1/ingest"), op.path.endswith("/cancel")))
     tally, started = Tally(), time.monotonic()
     for operation in operations:
-        for label, strategy in strategies(operation).items():
-            fuzz(operation, label, strategy, tally)
+        for label, strategy in strategies(operation, ingest).items():
+            fuzz(operation, label, strategy, tally, ingest)
     print(f"\nfuzz {db_url.split(':', 1)[0]}: {len(operations)} operations, {tally.requests} requests, "
           f"{len(tally.errors)} server errors, {time.monotonic() - started:.1f} s")
     if os.environ.get("DETLAB_FUZZ_STATUSES"):
         print("\n".join(f"{n:6d} {k}" for k, n in sorted(tally.statuses.items())))
     assert len(operations) >= 15 and tally.requests >= len(operations) * EXAMPLES
     assert not tally.errors, "\n".join(tally.errors)
+
