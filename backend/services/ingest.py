@@ -114,14 +114,22 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+# Keyed by no rank, these are written alike by several ranks that may each see their own part (an SDK rank's
+# tensor list holds its shard's shapes; a diagnosis result its own timings): the first stays, as it always did.
+SHARED_BY_RANKS = (TensorMeta, DiagnosisRecord)
+
+
 def _insert(session: Session, model: type, rows: list[dict[str, Any]]) -> None:
     """Insert the rows; one whose key is stored already must equal the stored row (a repeat, ignored), else the
     whole request is a Conflict: a second, different record for one step never silently loses to the first."""
     if not rows:
         return
-    key = _unique_key(model)
     dialect = session.get_bind().dialect.name
     stmt = (postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)).values(rows)
+    if model in SHARED_BY_RANKS:
+        session.execute(stmt.on_conflict_do_nothing())
+        return
+    key = _unique_key(model)
     columns = [getattr(model, name) for name in key]
     inserted = {tuple(r) for r in session.execute(stmt.on_conflict_do_nothing().returning(*columns))}
     first: dict[tuple[Any, ...], dict[str, Any]] = {}

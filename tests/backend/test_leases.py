@@ -219,3 +219,13 @@ def test_another_user_can_neither_reopen_nor_close_a_recording(client: TestClien
     assert client.post(f"/api/v1/ingest/runs/{opened['run_id']}/close", json=close, headers=mallory).status_code == 403
     session.expire_all()
     assert "closed" not in session.get(Run, opened["run_id"]).job.params
+
+
+def test_ranks_tensor_lists_that_differ_are_not_a_conflict(client: TestClient, session: Session) -> None:
+    """Each SDK rank sends its own tensor list (a sharded model's shapes differ by rank): not a record for a step."""
+    ada = token_for(session, "ingest", name="ada")
+    opened = client.post("/api/v1/ingest/recordings", json=opening(), headers=ada).json()
+    for rank, shape in ((0, [4]), (1, [2])):
+        tensors = {"type": "tensors", "tensors": [{"index": 0, "name": "w", "shape": shape, "dtype": "float32"}]}
+        resp = records(client, opened["run_id"], opened["attempt"], tensors, step(0, rank), headers=ada)
+        assert resp.status_code == 200, resp.text
