@@ -21,7 +21,7 @@ def as_utc(ts: datetime | None) -> datetime | None:
     return ts if ts is None or ts.tzinfo else ts.replace(tzinfo=UTC)
 
 
-def heartbeat(*, session: Session, beat: Heartbeat, lease: str | None) -> HeartbeatAck:
+def heartbeat(*, session: Session, beat: Heartbeat, lease: str | None = None) -> HeartbeatAck:
     """Record that the worker is alive (and its last report of what it offers); the reply tells it to stop
     the run it named when that run is no longer its to execute: cancelled, finished or taken over. Keeping a run
     alive needs its attempt's lease (Forbidden otherwise): no one else can hold a run that its worker lost."""
