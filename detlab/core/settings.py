@@ -108,7 +108,7 @@ class Settings(BaseSettings):
             if not self.database_url or not self.broker_url:
                 raise ValueError("distributed mode needs DETLAB_DATABASE_URL and DETLAB_BROKER_URL")
             if self.ingest_token is not None and len(self.ingest_token) < 16:
-                raise ValueError("DETLAB_INGEST_TOKEN needs at least 16 characters")
+                raise ValueError("distributed mode needs DETLAB_INGEST_TOKEN of at least 16 characters")
             if not self.ingest_token and not self.worker_token:
                 raise ValueError("distributed mode needs DETLAB_INGEST_TOKEN of at least 16 characters (or, on a "
                                  "worker, its own DETLAB_WORKER_TOKEN)")
