@@ -165,6 +165,8 @@ class Run(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
+    # sha256 of the lease its current attempt's claim handed out: only the holder writes that attempt.
+    lease_hash: Mapped[str | None] = mapped_column(String(64))
 
     job: Mapped[Job] = relationship(back_populates="runs")
     config: Mapped[Config] = relationship()
@@ -400,7 +402,8 @@ class HistoryVersion(Base):
 
 
 class User(Base):
-    """A person of auth mode `local`: a role (viewer, member, admin) and an argon2 password hash."""
+    """A person of auth mode `local`: a role (viewer, member, admin) and an argon2 password hash; or a worker node
+    (role worker), whose tokens of scope `worker` are its credential."""
 
     __tablename__ = "users"
 

@@ -66,17 +66,23 @@ class Current:
 
     run_id: int | None = None
     attempt: int | None = None
+    lease: str | None = field(default=None, repr=False)  # the claim's: the heartbeat that keeps the run carries it
     stop_reason: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def begin(self, run_id: int | None, attempt: int | None) -> None:
+    def begin(self, run_id: int | None, attempt: int | None, lease: str | None = None) -> None:
         with self._lock:
-            self.run_id, self.attempt, self.stop_reason = run_id, attempt, None
+            self.run_id, self.attempt, self.lease, self.stop_reason = run_id, attempt, lease, None
 
     def now(self) -> tuple[int | None, int | None]:
         """(run_id, attempt) of the run executing, read together."""
         with self._lock:
             return self.run_id, self.attempt
+
+    def now_leased(self) -> tuple[int | None, int | None, str | None]:
+        """(run_id, attempt, lease) of the run executing, read together."""
+        with self._lock:
+            return self.run_id, self.attempt, self.lease
 
     def stop(self, run_id: int, attempt: int | None, reason: str) -> None:
         """Ask the launcher to kill the ranks, if the reply is about the run still executing (a reply about
@@ -156,7 +162,7 @@ def execute(run_id: int, *, client: IngestClient, worker: str, device: Literal["
             raise
         client.finish(run_id, exc.attempt, "failed", f"worker error: {exc}")
         return "failed"
-    CURRENT.begin(run_id, spec.attempt)
+    CURRENT.begin(run_id, spec.attempt, spec.lease)
     try:
         status, error = _launch_and_stream(spec, client, device, hang_timeout_s, first_step_timeout_s)
         client.finish(run_id, spec.attempt, status, error)

@@ -29,7 +29,7 @@ def worker_name() -> str:
 
 def ingest_client() -> IngestClient:
     settings = get_settings()
-    return IngestClient(settings.api_url, settings.resolved_ingest_token(), retry_for_s=settings.ingest_retry_s)
+    return IngestClient(settings.api_url, settings.resolved_worker_token(), retry_for_s=settings.ingest_retry_s)
 
 
 @app.task(name=EXECUTE_RUN, bind=True, acks_late=True)
@@ -41,13 +41,13 @@ def execute_run(self, run_id: int) -> str:  # type: ignore[no-untyped-def]
 
 def _beat() -> None:
     settings = get_settings()
-    client = IngestClient(settings.api_url, settings.resolved_ingest_token(), retries=0)
+    client = IngestClient(settings.api_url, settings.resolved_worker_token(), retries=0)
     # What this node can run, and how many ranks: the server refuses jobs its queue's workers cannot hold.
     info = WorkerInfo(workloads=describe(), capacity=node_capacity(settings.device, settings.cpu_ranks_per_core))
     while not _stop.wait(settings.heartbeat_interval_s):
-        run_id, attempt = runner.CURRENT.now()
+        run_id, attempt, lease = runner.CURRENT.now_leased()
         try:
-            ack = client.heartbeat(worker_name(), settings.queue, run_id, attempt, info)
+            ack = client.heartbeat(worker_name(), settings.queue, run_id, attempt, info, lease)
         except Exception as exc:  # noqa: BLE001 - the API may be restarting; keep beating
             log.warning("heartbeat failed: %s", exc)
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote
 
@@ -110,18 +111,6 @@ async def identity(request: Request, settings: SettingsDep, session: SessionDep)
 IdentityDep = Annotated[Identity | None, Depends(identity)]
 
 
-async def ingest_identity(request: Request, settings: SettingsDep, session: SessionDep) -> Identity | None:
-    """Who sends to ingest: no one in particular for the server's DETLAB_INGEST_TOKEN (IngestAuth checked it;
-    it is no user's API token), else the identity of the request."""
-    given = bearer(request) or ""
-    if given and hmac.compare_digest(given.encode(), settings.resolved_ingest_token().encode()):
-        return None
-    return await identity(request, settings, session)
-
-
-IngestIdentityDep = Annotated[Identity | None, Depends(ingest_identity)]
-
-
 def require(scope: auth.Scope) -> Callable[..., Awaitable[Identity | None]]:
     """A dependency: outside auth mode none, a 401 without an identity and a 403 without `scope`."""
 
@@ -150,6 +139,17 @@ async def current_user(found: Annotated[Identity | None, Depends(Submitting)]) -
 
 
 CurrentUser = Annotated[str | None, Depends(current_user)]
+Submitter = Annotated[Identity | None, Depends(Submitting)]  # the submitting identity (None without auth)
+
+
+def may_change(job_id: int, owner: str | None, found: Identity | None, settings: Settings, what: str) -> None:
+    """Jobs have an owner, their submitter: only the owner or an admin edits, cancels or reruns one (403 otherwise),
+    unless the team shares its jobs (DETLAB_SHARED_JOBS). Reading stays team-wide. No identity: auth mode none."""
+    if found is None or settings.shared_jobs or "admin" in found.scopes or (owner is not None and owner == found.name):
+        return
+    owned = f"{owner}'s" if owner else "no one's (submitted without auth)"
+    raise HTTPException(403, f"job {job_id} is {owned}: only its owner or an admin may {what} it, and "
+                             f"{found.name} is neither")
 
 
 async def page_access(request: Request, found: IdentityDep, settings: SettingsDep) -> None:
@@ -162,25 +162,50 @@ async def page_access(request: Request, found: IdentityDep, settings: SettingsDe
 PageAccess = Depends(page_access)
 
 
-def require_ingest_token(settings: SettingsDep, session: SessionDep,
-                         authorization: Annotated[str | None, Header()] = None) -> None:
-    """The workers' DETLAB_INGEST_TOKEN, or an API token with scope `ingest` (the SDK in a user's script).
+@dataclass(frozen=True)
+class IngestCaller:
+    """Who sends to ingest. `worker`: holds a worker credential (the server's DETLAB_INGEST_TOKEN, or an API token
+    with scope `worker`): it may claim runs and heartbeat as a worker. `name`: the token's user, the identity that
+    owns the recordings it opens (None for the server's token, which is no user's)."""
 
-    In auth mode none (loopback only, where anyone who reaches the API may already submit and cancel) a
-    request without a token is taken too: a local `detlab.Recorder(server=...)` streams with no set-up. A
-    token that is sent is still checked."""
+    name: str | None
+    worker: bool
+
+
+def ingest_caller(settings: SettingsDep, session: SessionDep,
+                  authorization: Annotated[str | None, Header()] = None) -> IngestCaller:
+    """A worker credential, or an API token with scope `ingest` (the SDK in a user's script); else 401/403.
+
+    In auth mode none (loopback only, where anyone who reaches the API may already submit and cancel) a request
+    without a token is taken as the local user's, never a worker's: a local `detlab.Recorder(server=...)` streams
+    with no set-up. A token that is sent is still checked."""
     expected = settings.resolved_ingest_token()
     given = (authorization or "").removeprefix("Bearer ").strip()
     if settings.auth_mode == "none" and not given:
-        return
-    if hmac.compare_digest(given.encode(), expected.encode()):
-        return
+        return IngestCaller(name=None, worker=False)
+    if given and hmac.compare_digest(given.encode(), expected.encode()):
+        return IngestCaller(name=None, worker=True)
     found = auth.token_identity(session=session, token=given) if given else None
     if found is None:
-        raise HTTPException(401, "ingest needs 'Authorization: Bearer <DETLAB_INGEST_TOKEN>' or an API token "
-                                 "with scope 'ingest' (`detlab token create --user NAME --scope ingest`; docs/sdk.md)")
-    if "ingest" not in found.scopes:
-        raise HTTPException(403, f"{found.name}'s token lacks scope 'ingest'")
+        raise HTTPException(401, "ingest needs 'Authorization: Bearer <token>': a worker's credential "
+                                 "(DETLAB_INGEST_TOKEN, or a token with scope 'worker') or an API token with scope "
+                                 "'ingest'", headers={"WWW-Authenticate": "Bearer"})
+    if not found.scopes & {"ingest", "worker"}:
+        raise HTTPException(403, f"{found.name}'s token lacks scope 'ingest' (or 'worker')")
+    return IngestCaller(name=found.name, worker="worker" in found.scopes)
 
 
-IngestAuth = Depends(require_ingest_token)
+IngestCallerDep = Annotated[IngestCaller, Depends(ingest_caller)]
+IngestAuth = Depends(ingest_caller)
+
+
+async def worker_caller(caller: IngestCallerDep) -> IngestCaller:
+    """Claiming runs and heartbeating as a worker need a worker credential, never a user's ingest token."""
+    if not caller.worker:
+        raise HTTPException(403, f"{caller.name} may not act as a worker: claiming runs and worker heartbeats need a "
+                                 "worker credential (DETLAB_INGEST_TOKEN, or a token with scope 'worker' that an admin "
+                                 "creates: `detlab token create --user NAME --scope worker`)")
+    return caller
+
+
+WorkerCaller = Annotated[IngestCaller, Depends(worker_caller)]

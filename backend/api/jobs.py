@@ -12,7 +12,16 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from detlab.backend import static
-from detlab.backend.api.deps import CurrentUser, JobId, RankPath, RunId, SessionDep, SettingsDep
+from detlab.backend.api.deps import (
+    CurrentUser,
+    JobId,
+    RankPath,
+    RunId,
+    SessionDep,
+    SettingsDep,
+    Submitter,
+    may_change,
+)
 from detlab.backend.api.responses import json_response
 from detlab.backend.figures import collective as collective_figures
 from detlab.backend.figures import drift as drift_figures
@@ -136,9 +145,11 @@ def read_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> Respo
 
 @router.patch("/{job_id}", response_model=JobRead)
 def update_job(job_id: JobId, data: JobUpdate, session: SessionDep, settings: SettingsDep,
-               user: CurrentUser) -> JobRead:
-    """Change what can change after submission: the job's tags (replaced by the list sent)."""
+               found: Submitter) -> JobRead:
+    """Change what can change after submission: the job's tags (replaced by the list sent). The owner's or an
+    admin's to change."""
     job = _job_or_404(session, job_id)
+    may_change(job.id, job.submitter, found, settings, "edit")
     jobs.set_tags(session=session, job=job, tags=data.tags)
     session.commit()
     return _read(session, settings, job)
@@ -157,11 +168,12 @@ def read_spec(job_id: JobId, session: SessionDep) -> JobCreate:
 @router.post("/{job_id}/rerun", status_code=201, response_model=JobRead, responses={
     202: {"model": JobRead, "description": "stored; the broker is down, so its runs are sent later"},
     409: {"description": "a recording: the server cannot run a user's own loop"}})
-def rerun_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser,
+def rerun_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser, found: Submitter,
               response: Response) -> JobRead:
     """Submit the job again, as it was submitted (a new job with new runs; the old one is kept); a bisect job is
-    a new bisect of the same pair and step."""
+    a new bisect of the same pair and step. The owner or an admin reruns a job; the new job is theirs."""
     old = _job_or_404(session, job_id)
+    may_change(old.id, old.submitter, found, settings, "rerun")
     try:
         if old.kind == BISECT:
             job = bisect.again(session=session, job=old, settings=settings, submitter=user)
@@ -199,10 +211,13 @@ def read_bisect(job_id: JobId, session: SessionDep) -> dict[str, Any]:
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead, responses={409: {"description": "the job already finished"}})
-def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser) -> JobRead:
+def cancel_job(job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser,
+               found: Submitter) -> JobRead:
     """Cancel the job's queued and running runs; their workers kill the ranks within seconds and what the
-    runs recorded is kept. Cancelling a cancelled job again is a no-op; a finished job is a 409."""
+    runs recorded is kept. Cancelling a cancelled job again is a no-op; a finished job is a 409. The owner or an
+    admin cancels a job."""
     job = _job_or_404(session, job_id)
+    may_change(job.id, job.submitter, found, settings, "cancel")
     try:
         cancel.cancel_job(session=session, job=job, user=user)
     except cancel.NotCancellable as exc:
@@ -341,11 +356,14 @@ def read_rank_envs(run_id: RunId, session: SessionDep) -> list[RankEnvRead]:
 
 @runs_router.post("/{run_id}/cancel", response_model=RunRead,
                   responses={409: {"description": "the run already finished"}})
-def cancel_run(run_id: RunId, session: SessionDep, user: CurrentUser) -> RunRead:
-    """Cancel one queued or running run; the job goes on with its other runs."""
+def cancel_run(run_id: RunId, session: SessionDep, settings: SettingsDep, user: CurrentUser,
+               found: Submitter) -> RunRead:
+    """Cancel one queued or running run; the job goes on with its other runs. The job's owner or an admin cancels
+    it."""
     run = session.get(Run, run_id)
     if run is None:
         raise HTTPException(404, f"no run {run_id}")
+    may_change(run.job_id, run.job.submitter, found, settings, "cancel")
     try:
         cancel.cancel_run(session=session, run=run, user=user)
     except cancel.NotCancellable as exc:

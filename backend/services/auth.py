@@ -20,19 +20,23 @@ from detlab.backend.models import ApiToken, BrowserSession, User, utcnow
 from detlab.backend.services.workers import as_utc
 from detlab.core.text import text_error
 
-Role = Literal["viewer", "member", "admin"]
-Scope = Literal["read", "submit", "ingest", "admin"]
+Role = Literal["viewer", "member", "admin", "worker"]
+Scope = Literal["read", "submit", "ingest", "worker", "admin"]
 ROLES: tuple[Role, ...] = get_args(Role)
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 # What a role may do, and so the most a token of its user can grant. `submit` without `read` would let a
-# CI job start work it cannot follow, so every role and scope that submits also reads.
+# CI job start work it cannot follow, so every role and scope that submits also reads. Scope `worker` (claim any
+# run, heartbeat as a worker) is a worker node's credential, never a person's: only a user of role `worker` (a
+# node, which may do nothing else) holds it.
 ROLE_SCOPES: dict[str, frozenset[str]] = {
     "viewer": frozenset({"read"}),
     "member": frozenset({"read", "submit", "ingest"}),
-    "admin": frozenset(SCOPES),
+    "admin": frozenset(SCOPES) - {"worker"},
+    "worker": frozenset({"worker"}),
 }
 IMPLIED: dict[str, frozenset[str]] = {"read": frozenset({"read"}), "submit": frozenset({"read", "submit"}),
-                                      "ingest": frozenset({"ingest"}), "admin": frozenset(SCOPES)}
+                                      "ingest": frozenset({"ingest"}), "worker": frozenset({"worker"}),
+                                      "admin": frozenset(SCOPES) - {"worker"}}
 MIN_PASSWORD = 8
 _hasher = PasswordHasher()
 
@@ -139,8 +143,8 @@ def session_identity(*, session: Session, cookie: str) -> Identity | None:
     expires = as_utc(found.expires_at) if found else None
     if found is None or expires is None or expires <= utcnow():
         return None
-    # A browser acts for its user, never as a worker: no ingest.
-    return Identity(name=found.user.name, scopes=ROLE_SCOPES[found.user.role] - {"ingest"})
+    # A browser acts for its user, never as a worker or a recording script: no ingest, no worker.
+    return Identity(name=found.user.name, scopes=ROLE_SCOPES[found.user.role] - {"ingest", "worker"})
 
 
 def logout(*, session: Session, cookie: str) -> None:

@@ -2,16 +2,24 @@
 
 Every write is idempotent: a batch sent twice stores once, and a stale attempt (a worker that was
 presumed dead and replaced) is refused rather than mixed into the new attempt's records.
+
+A run belongs to its writer. A claim hands out a lease, a secret of that attempt (only its sha256 is kept): only
+the holder writes the attempt's records, heartbeats it or finishes it. An SDK recording is written only by the
+identity that opened it. A record for a step (or trial, rank, result) that already holds one is an idempotent repeat
+when equal and a conflict when not, never a silent first write wins.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import zlib
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Select, UniqueConstraint, delete, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -30,6 +38,7 @@ from detlab.backend.models import (
     utcnow,
 )
 from detlab.backend.services import bisect
+from detlab.backend.services.leases import Writer, check_writer, new_lease
 from detlab.backend.services.settle import settle
 from detlab.backend.services.workers import as_utc
 from detlab.core import commlog, wire
@@ -62,8 +71,9 @@ def claim(*, session: Session, run: Run, worker: str, stale_after_s: float) -> w
     run.status, run.node, run.error = RUNNING, worker, None
     run.steps_done = 0
     run.started_at = run.heartbeat_at = utcnow()
+    lease = new_lease(run)  # the previous attempt's lease is void from here on
     settle(session=session, job=run.job)
-    return run_spec(run)
+    return run_spec(run).model_copy(update={"lease": lease})
 
 
 def run_spec(run: Run) -> wire.RunSpec:
@@ -87,12 +97,68 @@ def run_spec(run: Run) -> wire.RunSpec:
     })
 
 
+def _unique_key(model: type) -> tuple[str, ...]:
+    """The columns of the table's unique constraint: what names one record within its run."""
+    for constraint in model.__table__.constraints:  # type: ignore[attr-defined]
+        if isinstance(constraint, UniqueConstraint):
+            return tuple(c.name for c in constraint.columns)
+    raise TypeError(f"{model.__name__} has no unique constraint")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, memoryview | bytearray):
+        a = bytes(a)
+    if isinstance(b, memoryview | bytearray):
+        b = bytes(b)
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True  # a diverged loss sent again is the same NaN
+    return bool(a == b)
+
+
+# Keyed by no rank, these are written alike by several ranks that may each see their own part (an SDK rank's
+# tensor list holds its shard's shapes; a diagnosis result its own timings): the first stays, as it always did.
+SHARED_BY_RANKS = (TensorMeta, DiagnosisRecord)
+
+
 def _insert(session: Session, model: type, rows: list[dict[str, Any]]) -> None:
+    """Insert the rows; one whose key is stored already must equal the stored row (a repeat, ignored), else the
+    whole request is a Conflict: a second, different record for one step never silently loses to the first."""
     if not rows:
         return
     dialect = session.get_bind().dialect.name
     stmt = (postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)).values(rows)
-    session.execute(stmt.on_conflict_do_nothing())
+    if model in SHARED_BY_RANKS:
+        session.execute(stmt.on_conflict_do_nothing())
+        return
+    key = _unique_key(model)
+    columns = [getattr(model, name) for name in key]
+    inserted = {tuple(r) for r in session.execute(stmt.on_conflict_do_nothing().returning(*columns))}
+    first: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:  # the same key twice in one batch: the later copy must repeat the earlier
+        k = tuple(row[name] for name in key)
+        if k in first and k in inserted:
+            _compare(model, key, k, row, first[k].get)
+        first.setdefault(k, row)
+    before = [k for k in first if k not in inserted]  # stored by an earlier request
+    if not before:
+        return
+    query: Select[Any] = select(model).where(tuple_(*columns).in_(before)).execution_options(populate_existing=True)
+    stored: dict[tuple[Any, ...], Any] = {tuple(getattr(obj, name) for name in key): obj
+                                         for obj in session.scalars(query)}
+    for row in rows:
+        k = tuple(row[name] for name in key)
+        if k not in inserted:
+            _compare(model, key, k, row, partial(getattr, stored[k]))
+
+
+def _compare(model: type, key: tuple[str, ...], k: tuple[Any, ...], row: dict[str, Any],
+             stored: Callable[[str], Any]) -> None:
+    differ = sorted(name for name, value in row.items() if not _same(value, stored(name)))
+    if differ:
+        what = ", ".join(f"{name} {value}" for name, value in zip(key, k, strict=True) if name != "run_id")
+        table = model.__table__.name  # type: ignore[attr-defined]
+        raise Conflict(f"run {row['run_id']} already holds a {table} record for {what} "
+                       f"that differs in {', '.join(differ)}: a record is stored once, never replaced")
 
 
 def _check_attempt(run: Run, attempt: int) -> None:
@@ -117,11 +183,12 @@ def _row(run: Run, rec: wire.EnvRecord | wire.StepRecord | wire.TrialRecord) -> 
     return {"run_id": run.id, **rec.model_dump(exclude=NOT_STORED[type(rec)])}
 
 
-def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
-    """Store a batch of spool records; returns how many were accepted (duplicates are ignored).
+def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch, writer: Writer) -> int:
+    """Store a batch of spool records; returns how many were accepted (repeats are ignored, conflicts refused).
 
     The batch was validated field by field on the way in; what is checked here needs the run."""
     _check_attempt(run, batch.attempt)
+    check_writer(run=run, writer=writer)
     steps: list[dict[str, Any]] = []
     envs: list[dict[str, Any]] = []
     tensors: list[dict[str, Any]] = []
@@ -175,9 +242,10 @@ def add_records(*, session: Session, run: Run, batch: wire.RecordsBatch) -> int:
     return len(batch.records)
 
 
-def add_comm_log(*, session: Session, run: Run, upload: wire.CommLogUpload) -> dict[str, Any]:
+def add_comm_log(*, session: Session, run: Run, upload: wire.CommLogUpload, writer: Writer) -> dict[str, Any]:
     """Store one process's NCCL/RCCL log (compressed) with its parsed facts."""
     _check_attempt(run, upload.attempt)
+    check_writer(run=run, writer=writer)
     try:
         raw = base64.b64decode(upload.zlib_b64, validate=True)
         inflater = zlib.decompressobj()
@@ -194,9 +262,11 @@ def add_comm_log(*, session: Session, run: Run, upload: wire.CommLogUpload) -> d
     return parsed
 
 
-def finish(*, session: Session, run: Run, attempt: int, status: str, error: str | None) -> None:
+def finish(*, session: Session, run: Run, attempt: int, status: str, error: str | None, writer: Writer) -> None:
     if run.status in FINISHED and run.attempt == attempt:
+        check_writer(run=run, writer=writer)
         return  # a retried finish
     _check_attempt(run, attempt)
+    check_writer(run=run, writer=writer)
     run.status, run.error, run.finished_at = status, error, utcnow()
     settle(session=session, job=run.job)

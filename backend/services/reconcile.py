@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import exists, select
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from detlab.backend.db import get_sessionmaker
@@ -25,8 +27,13 @@ _FED_ELSEWHERE = [name for name, kind in KINDS.items() if not kind.dispatched]
 log = logging.getLogger(__name__)
 
 
-def reconcile(*, session: Session, settings: Settings) -> list[tuple[int, str]]:
-    """Fix runs in the session; returns (run_id, queue) pairs to dispatch after the commit."""
+def reconcile(*, session: Session, settings: Settings, store_back_at: datetime | None = None,
+              ) -> list[tuple[int, str]]:
+    """Fix runs in the session; returns (run_id, queue) pairs to dispatch after the commit.
+
+    `store_back_at`: when the database last came back from an outage. Heartbeats missed while it was down do not
+    count (no worker could send one), so a run's silence is measured from then at the earliest: an outage of the
+    store neither re-dispatches nor fails the runs that rode it out."""
     now = utcnow()
     # Two runs of a job finishing at once each see the other unfinished, so neither finish settles the job (nor
     # advances a kind that searches in rounds): settled here. Runs a round adds are queued, sent just below.
@@ -43,7 +50,7 @@ def reconcile(*, session: Session, settings: Settings) -> list[tuple[int, str]]:
     for run in session.scalars(active):
         queue = run.job.queue
         if run.status == RUNNING:
-            beat = as_utc(run.heartbeat_at) or now
+            beat = max(as_utc(run.heartbeat_at) or now, store_back_at or datetime.min.replace(tzinfo=UTC))
             if now - beat < stale or run.id in busy_runs:
                 continue
             if run.attempt >= settings.max_attempts:
@@ -69,17 +76,26 @@ class ReconcilerThread(threading.Thread):
         super().__init__(name="detlab-reconciler", daemon=True)
         self.settings = settings
         self.stop = threading.Event()
+        self.store_back_at: datetime | None = None  # when the database last came back from an outage
+        self._store_down = False
 
     def run(self) -> None:
         while not self.stop.wait(self.settings.reconcile_interval_s):
+            if self._store_down:  # it was down at the last pass: if this pass reaches it, it is back from now
+                self.store_back_at = utcnow()
             try:
                 with get_sessionmaker()() as session:
-                    pending = reconcile(session=session, settings=self.settings)
+                    pending = reconcile(session=session, settings=self.settings, store_back_at=self.store_back_at)
                     session.commit()
+                self._store_down = False
                 if unsent := send(pending):
                     log.warning("broker down: %d run(s) left unsent for the next pass", len(unsent))
                     with get_sessionmaker()() as session:
                         undispatch(session=session, run_ids=unsent)
                         session.commit()
+            except (OperationalError, InterfaceError, PoolTimeout) as exc:  # the store is down: not the runs' fault
+                self._store_down = True
+                log.warning("reconcile pass: database unavailable (%s); heartbeats missed meanwhile will not count",
+                            type(exc).__name__)
             except Exception:  # noqa: BLE001 - a failed pass is retried on the next tick
                 log.exception("reconcile pass failed")

@@ -18,16 +18,20 @@ from sqlalchemy.orm import Session
 from detlab.backend.models import FAILED, FINISHED, RECORDING, RUNNING, SUCCEEDED, Job, Run, utcnow
 from detlab.backend.services.ingest import Conflict
 from detlab.backend.services.jobs import get_or_create_config, set_tags
+from detlab.backend.services.leases import Forbidden, Writer, check_writer
 from detlab.backend.services.settle import settle
 from detlab.core import configs, wire
 
 CONFIG_NAME = "recorded"
 
 
-def _found(session: Session, body: wire.RecordingOpen) -> Run | None:
+def _found(session: Session, body: wire.RecordingOpen, submitter: str | None) -> Run | None:
     job = session.scalars(select(Job).where(Job.recording == body.recording)).first()
     if job is None:
         return None
+    if job.submitter != submitter:  # a recording is its opener's: no one else adds to it or closes it
+        raise Forbidden(f"recording {body.recording} was opened by {job.submitter or 'the server token'}: only that "
+                        "identity writes it")
     if job.world_size != body.world_size:
         raise Conflict(f"recording {body.recording} was opened with world_size {job.world_size}, not "
                        f"{body.world_size}: one recording is one run of one world")
@@ -37,7 +41,7 @@ def _found(session: Session, body: wire.RecordingOpen) -> Run | None:
 def open_recording(*, session: Session, body: wire.RecordingOpen, submitter: str | None) -> Run:
     """The recording's run, created on first open; every later open (another rank, a retry, an upload of the
     same directory) finds it again."""
-    run = _found(session, body)
+    run = _found(session, body, submitter)
     if run is not None:
         return run
     config = get_or_create_config(session=session, body=configs.ConfigBody(name=CONFIG_NAME))
@@ -54,7 +58,7 @@ def open_recording(*, session: Session, body: wire.RecordingOpen, submitter: str
                             started_at=now, heartbeat_at=now))
             session.flush()
     except IntegrityError:
-        found = _found(session, body)
+        found = _found(session, body, submitter)
         if found is None:
             raise
         return found
@@ -63,11 +67,12 @@ def open_recording(*, session: Session, body: wire.RecordingOpen, submitter: str
     return job.runs[0]
 
 
-def close_rank(*, session: Session, run: Run, body: wire.RecordingClose) -> None:
+def close_rank(*, session: Session, run: Run, body: wire.RecordingClose, writer: Writer) -> None:
     """Note that one rank is done; when all are, finish the run and settle the job (its result computed)."""
     job = run.job
     if job.kind != RECORDING:
         raise Conflict(f"run {run.id} is not a recording: workers finish it")
+    check_writer(run=run, writer=writer)
     if body.rank >= run.world_size:
         raise ValueError(f"rank {body.rank} is outside the recording's world_size {run.world_size}")
     if run.status in FINISHED:

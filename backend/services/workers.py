@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import FINISHED, RUNNING, Run, Worker, utcnow
+from detlab.backend.services.leases import Forbidden, holds_lease
 from detlab.core import preflight
 from detlab.core.wire import Heartbeat, HeartbeatAck, WorkerCapacity, WorkerInfo
 from detlab.core.workloads import BUILTIN, WorkloadInfo
@@ -21,9 +22,10 @@ def as_utc(ts: datetime | None) -> datetime | None:
     return ts if ts is None or ts.tzinfo else ts.replace(tzinfo=UTC)
 
 
-def heartbeat(*, session: Session, beat: Heartbeat) -> HeartbeatAck:
+def heartbeat(*, session: Session, beat: Heartbeat, lease: str | None = None) -> HeartbeatAck:
     """Record that the worker is alive (and its last report of what it offers); the reply tells it to stop
-    the run it named when that run is no longer its to execute: cancelled, finished or taken over."""
+    the run it named when that run is no longer its to execute: cancelled, finished or taken over. Keeping a run
+    alive needs its attempt's lease (Forbidden otherwise): no one else can hold a run that its worker lost."""
     worker = session.get(Worker, beat.worker)
     info = {**beat.info.model_dump(), "run_id": beat.run_id}  # the reconciler reads run_id: busy or idle
     if worker is None:
@@ -40,6 +42,9 @@ def heartbeat(*, session: Session, beat: Heartbeat) -> HeartbeatAck:
     if run.attempt != beat.attempt:
         return HeartbeatAck(ok=True, stop=True, reason=f"run {run.id} is on attempt {run.attempt}, not {beat.attempt}")
     if run.status == RUNNING:
+        if not holds_lease(run, lease):
+            raise Forbidden(f"run {run.id} attempt {run.attempt} is leased to the worker that claimed it: "
+                            "a heartbeat for it needs its lease (X-Detlab-Lease)")
         run.heartbeat_at = utcnow()
     return HeartbeatAck(ok=True)
 

@@ -45,7 +45,9 @@ def _auth_service(data_dir: Path) -> Iterator[tuple[Session, ModuleType]]:
 @user_app.command("add")
 def user_add(
     name: Annotated[str, typer.Argument(help="the login name (also shown as the submitter of jobs)")],
-    role: Annotated[str, typer.Option(help="viewer (read), member (read, submit, ingest) or admin")] = "member",
+    role: Annotated[str, typer.Option(
+        help="viewer (read), member (read, submit, ingest), admin, or worker (a worker node: scope worker only)",
+    )] = "member",
     password_stdin: Annotated[bool, typer.Option("--password-stdin", help="read the password from the first "
                                                  "line of stdin instead of prompting")] = False,
     data_dir: DataDir = Path(".detlab"),
@@ -62,7 +64,9 @@ def user_add(
 @token_app.command("create")
 def token_create(
     user: Annotated[str, typer.Option(help="the user the token acts as")],
-    scope: Annotated[list[str], typer.Option(help="read, submit, ingest or admin; repeat for several")],
+    scope: Annotated[list[str], typer.Option(
+        help="read, submit, ingest, admin, or worker (a worker node's credential, for a user of role worker); "
+             "repeat for several")],
     data_dir: DataDir = Path(".detlab"),
 ) -> None:
     """Create an API token and print it once (only its hash is kept). Send it as 'Authorization: Bearer

@@ -36,7 +36,7 @@ def detail(resp: httpx.Response) -> str:
 
 
 def send(http: httpx.Client, method: str, path: str, *, json: Any = None, retries: int = 0,
-         retry_for_s: float | None = None) -> httpx.Response:
+         retry_for_s: float | None = None, headers: dict[str, str] | None = None) -> httpx.Response:
     """One request, tried again while the server cannot be reached or answers 5xx (it is idempotent): up to
     `retries` times (backoff from 0.2 s doubling to 5 s: about 21 s for 8), or, with `retry_for_s`, until that
     long has passed since the first try (a worker riding out a database or API outage). The last answer is
@@ -48,7 +48,7 @@ def send(http: httpx.Client, method: str, path: str, *, json: Any = None, retrie
 
     while True:
         try:
-            resp = http.request(method, path, json=json)
+            resp = http.request(method, path, json=json, headers=headers)
         except httpx.TransportError:
             if last():
                 raise

@@ -42,8 +42,14 @@ class Settings(BaseSettings):
     login_failures_per_account: int = Field(default=10, ge=1)
     login_failures_per_address: int = Field(default=50, ge=1)
     login_concurrent_hashes: int = Field(default=2, ge=1, le=64)
+    # Jobs have an owner (their submitter): only the owner or an admin edits tags, cancels or reruns one. True: any
+    # user who may submit may do so to any job (a team that shares its jobs).
+    shared_jobs: bool = False
     token: str | None = None  # DETLAB_TOKEN: the API token the CLI sends (`detlab token create`)
+    # The server's shared worker credential (generated into the data dir when unset, embedded). A worker sends
+    # worker_token when set (an API token with scope `worker`, revocable per node), else this.
     ingest_token: str | None = None
+    worker_token: str | None = None
     api_url: str = "http://127.0.0.1:8000"
     queue: str = "default"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # where a worker's ranks run
@@ -101,8 +107,11 @@ class Settings(BaseSettings):
         if self.mode == "distributed":
             if not self.database_url or not self.broker_url:
                 raise ValueError("distributed mode needs DETLAB_DATABASE_URL and DETLAB_BROKER_URL")
-            if not self.ingest_token or len(self.ingest_token) < 16:
+            if self.ingest_token is not None and len(self.ingest_token) < 16:
                 raise ValueError("distributed mode needs DETLAB_INGEST_TOKEN of at least 16 characters")
+            if not self.ingest_token and not self.worker_token:
+                raise ValueError("distributed mode needs DETLAB_INGEST_TOKEN of at least 16 characters (or, on a "
+                                 "worker, its own DETLAB_WORKER_TOKEN)")
         return self
 
     def resolved_database_url(self) -> str:
@@ -118,6 +127,10 @@ class Settings(BaseSettings):
         folder = (self.data_dir / "broker").resolve()
         folder.mkdir(parents=True, exist_ok=True)
         return folder
+
+    def resolved_worker_token(self) -> str:
+        """What a worker sends to ingest: its own token with scope `worker`, else the server's ingest token."""
+        return self.worker_token or self.resolved_ingest_token()
 
     def resolved_ingest_token(self) -> str:
         """The configured token, or (embedded) one generated once and kept in the data dir."""

@@ -218,10 +218,12 @@ class RunPlan(Wire):
 
 
 class RunSpec(RunPlan):
-    """The claim reply: one attempt of one run, as the server hands it to a worker."""
+    """The claim reply: one attempt of one run, as the server hands it to a worker. `lease`: the attempt's secret;
+    its records, heartbeats and finish carry it (header X-Detlab-Lease), and the server takes them from no one else."""
 
     run_id: Id
     attempt: Attempt
+    lease: str | None = Field(default=None, max_length=128, repr=False)
 
 
 class RankSpec(RunPlan):
@@ -233,8 +235,8 @@ class RankSpec(RunPlan):
 
     @classmethod
     def for_run(cls, spec: RunSpec, *, device: Literal["auto", "cpu", "cuda"] = "auto") -> RankSpec:
-        """The ranks' spec of a claimed run (run id and attempt stay with the worker)."""
-        return cls.model_validate({**spec.model_dump(exclude={"run_id", "attempt"}), "device": device})
+        """The ranks' spec of a claimed run (run id, attempt and lease stay with the worker)."""
+        return cls.model_validate({**spec.model_dump(exclude={"run_id", "attempt", "lease"}), "device": device})
 
 
 # ---- what ranks spool ------------------------------------------------------------------------------
@@ -646,6 +648,9 @@ class WorkerInfo(Wire):
 
     workloads: list[WorkloadInfo] = Field(default_factory=list, max_length=256)
     capacity: WorkerCapacity | None = None  # None: a worker that does not say (the server checks nothing)
+
+
+LEASE_HEADER = "X-Detlab-Lease"  # the claim's lease, sent with every write of that attempt
 
 
 class Heartbeat(Wire):

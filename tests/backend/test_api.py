@@ -269,6 +269,15 @@ def test_reconciler_requeues_a_run_whose_worker_went_silent(session: Session, se
     assert run.status == QUEUED
 
 
+def test_reconciler_does_not_count_heartbeats_missed_while_the_database_was_down(session: Session,
+                                                                                  settings: Settings) -> None:
+    run = make_run(session, settings)
+    _go_silent(session, run, attempt=settings.max_attempts)  # silent 60 s: its last attempt, were it judged lost
+    back = utcnow() - timedelta(seconds=settings.run_stale_after_s / 2)  # the store came back since
+    assert reconcile(session=session, settings=settings, store_back_at=back) == []
+    assert (run.status, run.attempt) == (RUNNING, settings.max_attempts)
+
+
 def test_reconciler_fails_a_run_out_of_attempts_and_keeps_it_unstuck(session: Session, settings: Settings) -> None:
     run = make_run(session, settings)
     _go_silent(session, run, attempt=settings.max_attempts)

@@ -94,13 +94,16 @@ def test_a_submit_token_submits_as_its_user_and_reads_the_job(client: TestClient
     assert client.post(f"/api/v1/jobs/{resp.json()['id']}/cancel", headers=headers).status_code == 200
 
 
-def test_an_ingest_token_may_ingest_and_nothing_else(client: TestClient, session: Session) -> None:
+def test_an_ingest_token_may_record_and_nothing_else(client: TestClient, session: Session) -> None:
+    from tests.backend.test_recordings import opening
+
     ingest = token_for(session, "ingest")
-    assert client.post("/api/v1/ingest/heartbeat", json=BEAT, headers=ingest).status_code == 200
+    assert client.post("/api/v1/ingest/recordings", json=opening(), headers=ingest).status_code == 200
+    assert client.post("/api/v1/ingest/heartbeat", json=BEAT, headers=ingest).status_code == 403  # not a worker
     assert client.get("/api/v1/jobs", headers=ingest).status_code == 403
     read = token_for(session, "read")
     assert client.post("/api/v1/ingest/heartbeat", json=BEAT, headers=read).status_code == 403
-    workers_token = {"Authorization": f"Bearer {INGEST_TOKEN}"}  # DETLAB_INGEST_TOKEN still works
+    workers_token = {"Authorization": f"Bearer {INGEST_TOKEN}"}  # DETLAB_INGEST_TOKEN: the workers' credential
     assert client.post("/api/v1/ingest/heartbeat", json=BEAT, headers=workers_token).status_code == 200
 
 

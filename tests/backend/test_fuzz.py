@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 import os
 import time
+import zlib
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,13 +28,15 @@ from hypothesis.strategies import SearchStrategy
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from detlab.backend.app import create_app
 from detlab.backend.db import get_session
+from detlab.backend.models import Base
 from detlab.backend.services import dispatch as dispatch_service
 from detlab.core.settings import Settings, get_settings
+from detlab.core.wire import LEASE_HEADER
 
 TOKEN = "t" * 32
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -68,10 +72,11 @@ def app(engine: Engine, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> 
     return app
 
 
-def seed(app: Any) -> None:
+def seed(app: Any, open_client: TestClient | None = None) -> dict[str, str]:
     """A live worker (so /health answers 200) and a job of two runs: run 1 claimed with two steps recorded,
-    run 2 queued, so that ids 1 and 2 find rows and the reports have data."""
-    with TestClient(app) as client:
+    run 2 queued, so that ids 1 and 2 find rows and the reports have data. Returns what ingest requests send: the
+    worker's token and run 1's lease, so that bodies for run 1 reach the database."""
+    with nullcontext(open_client) if open_client else TestClient(app) as client:
         beat = {"worker": "w", "queue": "default"}
         assert client.post("/api/v1/ingest/heartbeat", json=beat, headers=AUTH).status_code == 200
         job = {"workload": "mlp", "configs": [{"preset": "default"}, {"preset": "torch-deterministic"}],
@@ -81,9 +86,11 @@ def seed(app: Any) -> None:
         step = {"type": "step", "rank": 0, "fp_version": "fp1", "model_digest": "fp1:" + "0" * 32,
                 "digests": "ab" * 16, "loss_bits": "3f800000", "loss": 1.0, "step_time_s": 0.01}
         records = [{**step, "step": s} for s in range(2)]
+        headers = {**AUTH, LEASE_HEADER: spec["lease"]}
         resp = client.post("/api/v1/ingest/runs/1/records", json={"attempt": spec["attempt"], "records": records},
-                           headers=AUTH)
+                           headers=headers)
         assert resp.status_code == 200
+    return headers
 
 
 SEEDED = {"job_id": 1, "run_id": 1, "run_a": 1, "run_b": 2, "rank": 0}  # rows seed() made: bodies reach the database
@@ -113,14 +120,14 @@ class Tally:
     statuses: Counter[str] = field(default_factory=Counter)  # "POST /path 422": how deep the examples got
 
 
-def auth(operation: Any) -> dict[str, str] | None:
-    return AUTH if operation.path.startswith("/api/v1/ingest") else None
+def auth(operation: Any, ingest: dict[str, str]) -> dict[str, str] | None:
+    return ingest if operation.path.startswith("/api/v1/ingest") else None
 
 
-def strategies(operation: Any) -> dict[str, SearchStrategy[schemathesis.Case]]:
+def strategies(operation: Any, ingest: dict[str, str]) -> dict[str, SearchStrategy[schemathesis.Case]]:
     """How one operation is fuzzed: valid and invalid requests, valid ones on the seeded rows, the schema's
     own examples."""
-    headers = auth(operation)
+    headers = auth(operation, ingest)
     out = {mode.value: operation.as_strategy(generation_mode=mode, headers=headers)
            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)}
     if "{" in operation.path:
@@ -131,9 +138,10 @@ def strategies(operation: Any) -> dict[str, SearchStrategy[schemathesis.Case]]:
     return out
 
 
-def fuzz(operation: Any, label: str, strategy: SearchStrategy[schemathesis.Case], tally: Tally) -> None:
+def fuzz(operation: Any, label: str, strategy: SearchStrategy[schemathesis.Case], tally: Tally,
+         ingest: dict[str, str]) -> None:
     """EXAMPLES requests from one strategy to one operation; server errors go to the tally."""
-    headers = auth(operation)
+    headers = auth(operation, ingest)
 
     @given(case=strategy)
     @hypothesis_settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
@@ -157,18 +165,97 @@ def fuzz(operation: Any, label: str, strategy: SearchStrategy[schemathesis.Case]
 
 
 def test_no_operation_answers_a_server_error(app: Any, db_url: str) -> None:
-    seed(app)
+    ingest = seed(app)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     # Ingest first and cancels last, so the seeded run is still running when its bodies are fuzzed.
     operations = sorted((result.ok() for result in schema.get_all_operations()),
                         key=lambda op: (not op.path.startswith("/api/v1/ingest"), op.path.endswith("/cancel")))
     tally, started = Tally(), time.monotonic()
     for operation in operations:
-        for label, strategy in strategies(operation).items():
-            fuzz(operation, label, strategy, tally)
+        for label, strategy in strategies(operation, ingest).items():
+            fuzz(operation, label, strategy, tally, ingest)
     print(f"\nfuzz {db_url.split(':', 1)[0]}: {len(operations)} operations, {tally.requests} requests, "
           f"{len(tally.errors)} server errors, {time.monotonic() - started:.1f} s")
     if os.environ.get("DETLAB_FUZZ_STATUSES"):
         print("\n".join(f"{n:6d} {k}" for k, n in sorted(tally.statuses.items())))
     assert len(operations) >= 15 and tally.requests >= len(operations) * EXAMPLES
+    assert not tally.errors, "\n".join(tally.errors)
+
+
+
+# Stateful: scenarios that follow the schema's links (inferred by schemathesis: a job's id from its submission into
+# its reads, cancels and reruns, its runs' ids into their claims, records and logs), so requests carry ids the server
+# just made rather than ids chosen blind. Bounded so it stays cheap: STATEFUL_EXAMPLES scenarios of at most
+# STATEFUL_STEPS calls each.
+STATEFUL_EXAMPLES = int(os.environ.get("DETLAB_FUZZ_STATEFUL_EXAMPLES", "20"))
+STATEFUL_STEPS = 8
+JOBS = [{"workload": "mlp", "configs": [{"preset": "default"}, {"preset": "torch-deterministic"}], "world_size": WORLD,
+         "steps": 2},
+        {"workload": "mlp", "configs": [{"preset": "default"}], "world_size": 1, "steps": 2, "repeats": 2,
+         "tags": ["fuzz"]},
+        {"kind": "collective", "configs": [{"preset": "default"}], "world_size": WORLD}]
+
+
+def test_linked_scenarios_over_real_ids_answer_no_server_error(app: Any, engine: Engine, db_url: str) -> None:
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    machine = schema.as_state_machine()  # infers the links (a job's id from POST /jobs into its paths, ...)
+    linked = schema.statistic.transitions.total
+    tally, started = Tally(), time.monotonic()
+    ingest: dict[str, str] = {}
+    leases: dict[int, tuple[int, str]] = {}  # run id -> (attempt, lease) of its claim in this scenario
+
+    class Scenarios(machine):  # type: ignore[misc,valid-type]
+        def setup(self) -> None:
+            # Every scenario starts from the same rows (ids from 1 again): hypothesis replays scenarios and needs
+            # the same calls to answer alike, which they would not after an earlier scenario's claims and cancels.
+            with engine.begin() as conn:
+                tables = ", ".join(t.name for t in Base.metadata.sorted_tables)
+                conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+            ingest.clear()
+            ingest.update(seed(app, seeder))
+            leases.clear()
+            leases[1] = (1, ingest[LEASE_HEADER])
+
+        def before_call(self, case: schemathesis.Case) -> None:
+            # A generated job body is almost never a valid job, and an invalid one makes no ids to follow: one in
+            # JOBS (by the body's hash, so derandomized runs repeat) is sent instead. A body for a run this
+            # scenario claimed carries that claim's attempt, so records reach the database.
+            if case.operation.method.upper() == "POST" and case.operation.path == "/api/v1/jobs":
+                case.body = JOBS[zlib.crc32(repr(case.body).encode()) % len(JOBS)]
+            run_id = (case.path_parameters or {}).get("run_id")
+            if isinstance(case.body, dict) and "attempt" in case.body and run_id in leases:
+                onto_run_1(case)
+                case.body["attempt"] = leases[run_id][0]
+
+        def after_call(self, response: Any, case: schemathesis.Case) -> None:
+            if case.operation.path.endswith("/claim") and response.status_code == 200:
+                reply = response.json()
+                leases[reply["run_id"]] = (reply["attempt"], reply["lease"])
+
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
+            headers = dict(auth(case.operation, ingest) or {})
+            run_id = (case.path_parameters or {}).get("run_id")
+            if headers and run_id in leases:
+                headers[LEASE_HEADER] = leases[run_id][1]
+            return {"headers": headers}
+
+        def validate_response(self, response: Any, case: schemathesis.Case, *args: Any, **kwargs: Any) -> None:
+            tally.requests += 1
+            tally.statuses[f"{case.operation.method.upper()} {case.operation.path} {response.status_code}"] += 1
+            try:
+                case.validate_response(response, checks=[not_a_server_error])
+            except (Exception, FailureGroup) as exc:
+                tally.errors.append(f"{case.method} {case.formatted_path}: {response.status_code} "
+                                    f"{type(exc).__name__}: {str(exc)[:300]}\n    {case.as_curl_command()[:600]}")
+
+    with TestClient(app) as seeder:
+        Scenarios.run(settings=hypothesis_settings(
+            max_examples=STATEFUL_EXAMPLES, stateful_step_count=STATEFUL_STEPS, deadline=None, database=None,
+            derandomize=DERANDOMIZE, phases=[Phase.generate], suppress_health_check=list(HealthCheck)))
+    operations = {key.rsplit(" ", 1)[0] for key in tally.statuses}
+    print(f"\nstateful fuzz {db_url.split(':', 1)[0]}: {linked} links, {tally.requests} requests over "
+          f"{len(operations)} operations, {len(tally.errors)} server errors, {time.monotonic() - started:.1f} s")
+    if os.environ.get("DETLAB_FUZZ_STATUSES"):
+        print("\n".join(f"{n:6d} {k}" for k, n in sorted(tally.statuses.items())))
+    assert linked >= 100 and tally.requests >= STATEFUL_EXAMPLES
     assert not tally.errors, "\n".join(tally.errors)

@@ -17,7 +17,7 @@ from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.models import Job, RankEnv, Run, Worker
 from detlab.backend.services.jobs import create_job
 from detlab.core.settings import Settings
-from tests.backend.conftest import LOCAL_PEER, LOCAL_URL
+from tests.backend.conftest import LOCAL_PEER, LOCAL_URL, carry_leases
 
 TOKEN = "t" * 32
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -33,7 +33,9 @@ def settings(tmp_path) -> Settings:  # type: ignore[no-untyped-def]
 @pytest.fixture
 def client(client: TestClient) -> TestClient:
     # An exception in the app comes back as the 500 a user would see, not as the exception.
-    return TestClient(client.app, raise_server_exceptions=False, base_url=LOCAL_URL, client=LOCAL_PEER)
+    plain = TestClient(client.app, raise_server_exceptions=False, base_url=LOCAL_URL, client=LOCAL_PEER)
+    carry_leases(plain)
+    return plain
 
 
 def claimed_run(client: TestClient, session: Session, settings: Settings) -> tuple[Run, int]:

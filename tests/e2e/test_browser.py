@@ -11,6 +11,8 @@ import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
 from detlab.core.collective import DTYPES, OPS
+from detlab.core.ingest_client import IngestClient
+from detlab.core.wire import EnvRecord, StepRecord, TensorInfo, TensorsRecord
 from tests.e2e.conftest import Stack
 
 CHROMIUM = "/usr/bin/chromium"
@@ -253,4 +255,50 @@ def test_a_resume_job_is_exact_and_one_that_loses_the_optimizer_names_it_on_its_
         expect(page.locator("#resume-step")).to_have_text("2")
         expect(page.locator("#resume-restore")).to_contain_text("differs from the saved state")
         assert errors == []
+        browser.close()
+
+
+# Markup where the data holds names: none of it may become a link, a bold run or an element on a page or a figure.
+LINK = '<a href="http://evil.example/">click</a>'
+BOLD = "<b>bold</b>"
+
+
+def feed_as_worker(embedded: Stack, run_id: int, digest: str) -> None:
+    """Claim the run with the server's token, as a worker would, and send steps 0-2 of one rank whose tensors and
+    host are named with markup; `digest` is tensor 0's from step 1 on, so two runs can part there."""
+    token = (Path(embedded.env["DETLAB_DATA_DIR"]) / "ingest-token").read_text().strip()
+    ingest = IngestClient(embedded.url, token)
+    spec = ingest.claim(run_id, "markup:nobody")
+    tensors = TensorsRecord(tensors=[TensorInfo(index=0, name=LINK, shape=[4], dtype="float32"),
+                                     TensorInfo(index=1, name=BOLD, shape=[4], dtype="float32")])
+    env = EnvRecord(rank=0, host=f"{BOLD}{LINK}", backend="gloo")
+    steps = [StepRecord(step=n, rank=0, fp_version="fp2", model_digest=f"fp2:{(digest if n else 'aa') * 16}",
+                        digests=(digest if n else "aa") * 16 + "bb" * 16, loss_bits="3f800000", loss=1.0,
+                        step_time_s=0.01) for n in range(3)]
+    ingest.records(run_id, spec.attempt, [tensors, env, *steps])
+    ingest.finish(run_id, spec.attempt, "succeeded")
+
+
+def test_markup_in_tensor_and_host_names_is_text_on_the_job_page_and_its_figures(embedded: Stack,
+                                                                                 tmp_path: Path) -> None:
+    # A queue no worker serves: this test is the worker, so the names its records hold are its own.
+    job = embedded.submit({"workload": "mlp", "steps": 2, "world_size": 1, "queue": "nobody-markup",
+                           "configs": [{"preset": "default"}, {"preset": "default", "name": "other"}]})
+    for run, digest in zip(job["runs"], ("aa", "cc"), strict=True):
+        feed_as_worker(embedded, run["id"], digest)
+    with sync_playwright() as pw:
+        browser, page, errors = open_job(pw, embedded, job["id"])
+        expect(page.locator("#verdict")).to_have_text("diverged", timeout=60_000)
+        expect(page.locator("#divergent-tensors")).to_contain_text(LINK)  # shown as the text it is
+        expect(page.locator("#environment")).to_contain_text(f"{BOLD}{LINK}")
+        # The divergence heatmap's axis names the tensor that parted, as the text it is.
+        ticks = page.wait_for_function("""() => {
+            const ticks = [...document.querySelectorAll('#divergence-map .ytick text')].map(t => t.textContent);
+            return ticks.length ? ticks : null; }""", timeout=30_000).json_value()
+        assert LINK in ticks, ticks
+        # Nothing the data said became an element: no link off the site, no bold text, in the page or any SVG.
+        assert page.locator('a[href*="evil.example"]').count() == 0
+        assert page.locator("svg a, svg b, b").filter(has_text="bold").count() == 0
+        assert errors == []
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "markup.png"), full_page=True)
         browser.close()

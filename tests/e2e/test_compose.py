@@ -167,6 +167,11 @@ def test_distributed_settings_refuse_incomplete(override: dict[str, Any], clean_
         Settings(**{**VALID_DISTRIBUTED, **override})
 
 
+def test_a_distributed_worker_may_hold_its_own_worker_token_instead(clean_env: pytest.MonkeyPatch) -> None:
+    settings = Settings(**{**VALID_DISTRIBUTED, "ingest_token": None, "worker_token": "detlab_node-token"})
+    assert settings.resolved_worker_token() == "detlab_node-token"
+
+
 def test_distributed_settings_accept_complete(clean_env: pytest.MonkeyPatch) -> None:
     settings = Settings(**VALID_DISTRIBUTED)
     assert settings.mode == "distributed"

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from detlab.core.ingest_client import IngestClient, TooLarge
+from detlab.core.ingest_client import IngestClient, IngestError, TooLarge
 from detlab.core.settings import Settings
 from detlab.core.wire import StepRecord, TensorInfo, TensorsRecord
 from tests.conftest import free_port
@@ -148,3 +148,32 @@ def test_a_worker_rides_out_an_api_outage_longer_than_a_few_retries(engine: Engi
         thread.cancel()
         server.should_exit = True
         thread.join(10)
+
+
+def test_the_client_sends_its_claims_lease_and_another_client_cannot_write_the_run(api_url: str, engine: Engine,
+                                                                                  tmp_path: Path) -> None:
+    holder = IngestClient(api_url, TOKEN, retries=0)
+    run_id, attempt = claimed_run(engine, Settings(data_dir=tmp_path), holder)
+    holder.records(run_id, attempt, [step(1, 0)])
+    ack = holder.heartbeat("node:q", "default", run_id, attempt, lease=holder.lease(run_id))
+    assert (ack.ok, ack.stop) == (True, False)
+    other = IngestClient(api_url, TOKEN, retries=0)  # the same worker credential, but it did not claim the run
+    with pytest.raises(IngestError, match="403"):
+        other.records(run_id, attempt, [step(2, 0)])
+    with pytest.raises(IngestError, match="403"):
+        other.finish(run_id, attempt, "failed", "not mine")
+    assert stored_steps(engine, run_id) == 1
+
+
+def test_a_worker_sends_its_own_worker_token_when_it_has_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from detlab.core.settings import get_settings
+    from detlab.worker.tasks import ingest_client
+
+    monkeypatch.setenv("DETLAB_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("DETLAB_INGEST_TOKEN", TOKEN)
+    monkeypatch.setenv("DETLAB_WORKER_TOKEN", "detlab_node-own-token")
+    get_settings.cache_clear()
+    try:
+        assert ingest_client()._http.headers["authorization"] == "Bearer detlab_node-own-token"
+    finally:
+        get_settings.cache_clear()
