@@ -189,7 +189,8 @@ def ingest_caller(settings: SettingsDep, session: SessionDep,
     if found is None:
         raise HTTPException(401, "ingest needs 'Authorization: Bearer <token>': a worker's credential "
                                  "(DETLAB_INGEST_TOKEN, or a token with scope 'worker') or an API token with scope "
-                                 "'ingest'", headers={"WWW-Authenticate": "Bearer"})
+                                 "'ingest' (`detlab token create --user NAME --scope ingest`; docs/sdk.md)",
+                            headers={"WWW-Authenticate": "Bearer"})
     if not found.scopes & {"ingest", "worker"}:
         raise HTTPException(403, f"{found.name}'s token lacks scope 'ingest' (or 'worker')")
     return IngestCaller(name=found.name, worker="worker" in found.scopes)

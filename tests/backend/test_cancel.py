@@ -137,8 +137,11 @@ def test_cancelling_one_run_leaves_the_others_and_the_job_ends_cancelled(client:
 
 
 def test_cancel_takes_the_same_identity_as_submission(client: TestClient, settings: Settings) -> None:
-    job = submit(client)
     settings.auth_mode = "proxy"
+    resp = client.post("/api/v1/jobs", json={"workload": "mlp", "configs": [{}], "world_size": 2, "steps": 3},
+                       headers={"X-Forwarded-User": "ada"})  # ada's job: its owner may cancel it
+    assert resp.status_code == 201, resp.text
+    job = resp.json()
     for path in (f"/api/v1/jobs/{job['id']}/cancel", f"/api/v1/runs/{job['runs'][0]['id']}/cancel"):
         resp = client.post(path)
         assert resp.status_code == 401 and "X-Forwarded-User" in resp.json()["detail"]
