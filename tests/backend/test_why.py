@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from detlab.backend.models import SUCCEEDED, Job, Run, utcnow
 from detlab.core.settings import Settings
+from detlab.core.wire import LEASE_HEADER
 from tests.backend import test_diagnosis as diagnosis
 from tests.backend.test_api import AUTH, TOKEN, make_run, step_record
 from tests.conftest import FIXTURES
@@ -36,17 +37,18 @@ def record(client: TestClient | httpx.Client, run_id: int, *, digest: str, envs:
     """Through the ingest API: claim the run; send its ranks' envs, steps 0-3 of both ranks with this model digest
     from step 1 on, and their NCCL logs (fixture names); finish it."""
     spec = client.post(f"/api/v1/ingest/runs/{run_id}/claim", json={"worker": "w"}, headers=AUTH).json()
+    writer = {**AUTH, LEASE_HEADER: spec["lease"]}  # the claim's lease, as a worker sends it (an e2e stack's client)
     steps = [{**step_record(s, r), "model_digest": "fp1:" + ("0" * 32 if s == 0 else digest)}
              for s in range(4) for r in range(2)]
     batch = {"attempt": spec["attempt"], "records": envs + steps}
-    assert client.post(f"/api/v1/ingest/runs/{run_id}/records", json=batch, headers=AUTH).status_code == 200
+    assert client.post(f"/api/v1/ingest/runs/{run_id}/records", json=batch, headers=writer).status_code == 200
     for rank, name in (logs or {}).items():
         text = (FIXTURES / "commlogs" / name).read_bytes()
         upload = {"attempt": spec["attempt"], "rank": rank, "raw_bytes": len(text),
                   "zlib_b64": base64.b64encode(zlib.compress(text)).decode()}
-        assert client.post(f"/api/v1/ingest/runs/{run_id}/commlog", json=upload, headers=AUTH).status_code == 200
+        assert client.post(f"/api/v1/ingest/runs/{run_id}/commlog", json=upload, headers=writer).status_code == 200
     done = {"attempt": spec["attempt"], "status": "succeeded"}
-    assert client.post(f"/api/v1/ingest/runs/{run_id}/finish", json=done, headers=AUTH).status_code == 200
+    assert client.post(f"/api/v1/ingest/runs/{run_id}/finish", json=done, headers=writer).status_code == 200
 
 
 def diverged_job(client: TestClient, session: Session, settings: Settings, *, env_b: dict[str, str] | None = None,
