@@ -90,15 +90,22 @@ def test_the_replay_before_its_probe_step_is_checked_by_model_digests(tmp: Path)
 def test_the_step_after_a_bit_flip_names_the_module_that_uses_the_parameter(tmp: Path) -> None:
     found = diagnosis(*mlp_pair(tmp, 3))
     first = found["first_module"]
-    assert (first["module"], first["type"], first["phase"], first["call"]) == ("2", "Linear", "forward", 0)
+    # One ulp of 2.weight[0, 0] shows in 2's forward output unless the CPU's matmul rounds it away; then first in
+    # its backward (the gradient it passes back is computed with the flipped weight). Either way 2 introduced it.
+    assert (first["module"], first["type"], first["call"]) == ("2", "Linear", 0) and first["phase"] in (
+        "forward", "backward"), first
     assert first["inputs_matched"] and first["verdict"] == "introduced" and first["own_state_differs"]
-    assert first["ranks"] == [1] and first["differing_outputs"] == ["out0"]
+    assert first["ranks"] == [1]
     assert found["first"]["entry"] == "state:2" and found["state_differs"] == ["2"]
     tree = {row["module"]: row for row in found["tree"]}
     assert tree["2"]["status"] == "first difference"
-    assert tree["0"]["status"] == "equal" and tree["1"]["status"] == "equal"
-    # Downstream, the ReLU took 2's differing output: it carried the difference.
-    assert tree["3"]["status"] == "differs" and tree["3"]["verdict"] == "carried"
+    if first["phase"] == "forward":
+        assert first["differing_outputs"] == ["out0"]
+        assert tree["0"]["status"] == "equal" and tree["1"]["status"] == "equal"
+        # Downstream, the ReLU took 2's differing output: it carried the difference.
+        assert tree["3"]["status"] == "differs" and tree["3"]["verdict"] == "carried"
+    else:  # upstream, 1 and 0 took 2's differing gradient in their backward: they carried it
+        assert [(tree[m]["status"], tree[m]["verdict"]) for m in ("1", "0")] == [("differs", "carried")] * 2
 
 
 def test_scatter_on_two_threads_is_bisected_to_the_module_holding_index_add(tmp: Path) -> None:
@@ -145,7 +152,8 @@ def test_a_registered_script_is_probed_by_its_recorder(tmp: Path) -> None:
     order = [name for name, _, _ in entries].index
     assert order("fwd:0#0:out0") < order("bwd:0#0:gout0") < order("loss") < order("grad:0.weight")
     found = bisect.diagnose(entries, bisect.differing_by_rank(a, b))
-    # One ulp of one weight is lost in the rounding of every sum it enters: the probe shows the parameter differing
-    # as the step starts, and every call, gradient and update of the step equal.
+    # The probe shows the parameter differing as the step starts. Whether one ulp of one weight survives the rounding
+    # of the sums it enters depends on the CPU's matmul kernels: where it does, the module holding it is the first.
     assert found["first"]["entry"] == "state:0" and found["first"]["ranks"] == [1]
-    assert found["entries_differing"] == 1 and found["first_module"] is None
+    first = found["first_module"]
+    assert first is None or (first["module"], first["verdict"]) == ("0", "introduced"), first
