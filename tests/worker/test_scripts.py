@@ -93,10 +93,8 @@ def test_a_scripts_ranks_record_into_the_workers_spool_under_the_configs_flags(t
     assert os.environ.get("DETLAB_RUN_DIR") is None  # the worker's own environment is untouched
 
 
-def test_a_scripts_op_audit_records_its_step_s_ops_into_the_workers_spool_under_the_job_s_settings(
-        tmp_path: Path) -> None:
-    spec = RunSpec(run_id=2, attempt=1, workload="sdk-audit", kind="op-audit", world_size=1, steps=1,
-                   diagnosis=DiagnosisSpec(reruns=3, calls_per_op=1), torch=TorchFlags(deterministic_algorithms=True))
+def run_docs_example(spec: RunSpec, name: str, tmp_path: Path) -> list:
+    """Run docs/sdk.md's example `name`, as written, as a worker runs a registered script for `spec`; its records."""
     folder = tmp_path / "run"
     folder.mkdir()
     got: list = []
@@ -105,9 +103,17 @@ def test_a_scripts_op_audit_records_its_step_s_ops_into_the_workers_spool_under_
         base = {k: v for k, v in child_env(spec, rank, folder).items() if not k.startswith("DETLAB_")}
         return {**base, **script_env(spec, folder)}
 
-    (tmp_path / "audit_step.py").write_text(examples()["audit_step.py"])  # docs/sdk.md's example, as written
+    (tmp_path / name).write_text(examples()[name])
     launch_ranks(RankSpec.for_run(spec, device="cpu"), folder, env=env, on_records=got.extend, timeout_s=300,
-                 argv=[sys.executable, "audit_step.py"], cwd=tmp_path)
+                 argv=[sys.executable, name], cwd=tmp_path)
+    return got
+
+
+def test_a_scripts_op_audit_records_its_step_s_ops_into_the_workers_spool_under_the_job_s_settings(
+        tmp_path: Path) -> None:
+    spec = RunSpec(run_id=2, attempt=1, workload="sdk-audit", kind="op-audit", world_size=1, steps=1,
+                   diagnosis=DiagnosisSpec(reruns=3, calls_per_op=1), torch=TorchFlags(deterministic_algorithms=True))
+    got = run_docs_example(spec, "audit_step.py", tmp_path)
     ops = [r for r in got if isinstance(r, AuditOpRecord)]
     assert {"aten.addmm", "aten.bernoulli_"} <= {r.op for r in ops}
     assert all(r.nondeterministic is not True for r in ops)  # dropout's draw is the same draw on re-run
@@ -122,17 +128,7 @@ def test_a_scripts_batch_invariance_records_the_job_s_cells_and_its_model_into_t
     spec = RunSpec(run_id=3, attempt=1, workload="sdk-invariance", kind="batch-invariance", world_size=1, steps=4,
                    diagnosis=DiagnosisSpec(ops=["sum"], dtypes=["float32"], batch_sizes=[1, 2], features=16,
                                            workload="sdk-invariance"))
-    folder = tmp_path / "run"
-    folder.mkdir()
-    got: list = []
-
-    def env(rank: int) -> dict[str, str]:
-        base = {k: v for k, v in child_env(spec, rank, folder).items() if not k.startswith("DETLAB_")}
-        return {**base, **script_env(spec, folder)}
-
-    (tmp_path / "invariance.py").write_text(examples()["invariance.py"])  # docs/sdk.md's example, as written
-    launch_ranks(RankSpec.for_run(spec, device="cpu"), folder, env=env, on_records=got.extend, timeout_s=300,
-                 argv=[sys.executable, "invariance.py"], cwd=tmp_path)
+    got = run_docs_example(spec, "invariance.py", tmp_path)
     result = invariance_result(got)
     assert [(r["op"], r["batch_size"]) for r in result["results"]] == [("sum", 1), ("sum", 2)]  # the job's cells
     assert result["model"] == {"workload": "sdk-invariance", "batch_sizes": [1, 2], "invariant": False,
