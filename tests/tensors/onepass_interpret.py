@@ -11,6 +11,24 @@ from detlab.tensors import onepass_triton as op
 from detlab.tensors.fingerprint import fingerprint_bytes, tensor_bytes
 
 
+def _index_fix() -> None:
+    """Triton's interpreter (through 3.6) turns a loaded scalar into a loop bound with int() of a 1-element
+    array, which NumPy 2.4 refuses (triton-lang/triton#9171): a loop bound that the kernel loads, as ours
+    does, then fails under the interpreter alone. Its fix, applied here."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None:
+        return
+
+    def patched(tensor: object, scope: object) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))  # type: ignore[attr-defined]
+
+    interpreter._patch_lang_tensor = patched
+
+
+
 def cases() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(2)
     return [torch.randn(2 * sketch.COLUMNS + 5, generator=g), torch.randn(7, 9, generator=g).to(torch.bfloat16),
@@ -20,6 +38,7 @@ def cases() -> list[torch.Tensor]:
 
 
 def main() -> None:
+    _index_fix()
     ts = cases()
     assert all(op.supported(t) for t in ts), [t.data_ptr() % 16 for t in ts]
     indices = list(range(len(ts)))

@@ -33,8 +33,8 @@ def test_the_kernel_under_the_interpreter_equals_the_references() -> None:
 
 
 def references(ts: list[torch.Tensor]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    arrays = [t.double().cpu().numpy() for t in ts]
-    return (fingerprint_many([t.cpu() for t in ts]), np.stack([sketch.stats_reference(a) for a in arrays]),
+    arrays = [t.detach().double().cpu().numpy() for t in ts]
+    return (fingerprint_many([t.detach().cpu() for t in ts]), np.stack([sketch.stats_reference(a) for a in arrays]),
             np.stack([sketch.sketch_reference(a, i) for i, a in enumerate(arrays)]))
 
 
