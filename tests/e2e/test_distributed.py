@@ -163,6 +163,35 @@ def test_fix_prescribes_deterministic_algorithms_for_scatter_at_two_threads(dist
     assert {"knob": "threads-1", "knobs": None, "reason": "not needed: a cheaper candidate was reproducible"} \
         in result["not_tried"]
     assert result["stack"] == "cpu, gloo, world size 1"
+    check_fix_pages(distributed, tmp_path)
+
+
+def check_fix_pages(stack: Stack, tmp_path: Path) -> None:
+    """The settled search in the browser: its job page's trials, and the findings' prescription for scatter."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.e2e.test_browser import ARGS, CHROMIUM, screenshot_dir
+    from tests.e2e.test_browser_pages import watch
+
+    job = httpx.get(f"{stack.url}/api/v1/jobs", params={"kind": "fix"}, timeout=30).json()["items"][0]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors = watch(page)
+        page.goto(f"{stack.url}/jobs/{job['id']}")
+        expect(page.locator("#verdict-banner")).to_contain_text("Reproducible with deterministic-algorithms",
+                                                                timeout=60_000)
+        expect(page.locator("#fix-trials tbody tr")).to_have_count(2)
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "fix.png"), full_page=True)
+        page.goto(f"{stack.url}/findings?kind=train&workload=scatter")
+        row = page.locator("#prescriptions tbody tr", has_text="scatter · world size 1")
+        expect(row).to_contain_text("found")
+        expect(row).to_contain_text("deterministic-algorithms")
+        expect(row).to_contain_text("2/2")
+        expect(row.get_by_role("link", name=f"job #{job['id']}")).to_have_attribute("href", f"/jobs/{job['id']}")
+        page.screenshot(path=str(screenshot_dir(tmp_path) / "findings-prescriptions.png"), full_page=True)
+        assert errors == []
+        browser.close()
 
 
 def test_fix_stops_at_its_budget_with_none_and_lists_what_it_did_not_try(distributed: Stack, tmp_path: Path) -> None:
