@@ -140,12 +140,12 @@ def _in_process(spec: RankSpec) -> list[Record]:
     """Run as one torchrun rank; every rank gets every rank's records."""
     import torch.distributed as dist
 
-    from detlab.worker.ranks import collective
+    from detlab.worker.ranks import collective, teardown
 
     mine = collective.run(spec, finalize=False)
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    dist.destroy_process_group()
+    teardown.leave()
     return [r for records in everyone for r in records]
 
 

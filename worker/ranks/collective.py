@@ -35,6 +35,7 @@ from detlab.core.collective import DTYPE_BYTES, op_geometry
 from detlab.core.wire import RankSpec, TrialRecord
 from detlab.tensors import fingerprint as fp
 from detlab.tensors.stack import apply_torch_flags, env_record
+from detlab.worker.ranks import teardown
 from detlab.worker.ranks.train import Spool, pick_device
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -293,9 +294,10 @@ def run(spec: RankSpec, *, finalize: bool = True) -> list[TrialRecord]:
                         spool.write(rec)
                 del cell
         del base
-    dist.barrier()
     if finalize:
-        dist.destroy_process_group()
+        teardown.leave()  # every rank done, then the group torn down (worker/ranks/teardown.py)
+    else:
+        dist.barrier()
     return records
 
 

@@ -138,5 +138,3 @@ def train(spec: RankSpec) -> None:
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                     "rng": rng_snapshot(), "position": position, "step": last}, checkpoint)
-    dist.barrier()
-    dist.destroy_process_group()

@@ -29,6 +29,7 @@ from detlab.tensors import fingerprint as fp
 from detlab.tensors.drift import Sketcher
 from detlab.tensors.probe import Probe
 from detlab.tensors.stack import apply_torch_flags, env_record
+from detlab.worker.ranks import teardown
 from detlab.worker.workloads import registry
 
 
@@ -174,8 +175,6 @@ def train(spec: RankSpec) -> None:
             break
     if tracer is not None:
         tracer.uninstall()
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def main() -> None:
@@ -186,6 +185,7 @@ def main() -> None:
         resume.train(spec)
     else:
         train(spec)
+    teardown.leave()  # once train's frame, with DDP and its reducer, is gone (worker/ranks/teardown.py)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ For the tests only: DETLAB_TEST_FLIP=STEP:RANK:TENSOR moves one element of TENSO
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ def flip(tensor: torch.Tensor) -> None:
         first.copy_(torch.nextafter(first, torch.full_like(first, float("inf"))))
 
 
-def main() -> None:
+def main() -> dist.ProcessGroup | None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=6)
@@ -93,11 +94,17 @@ def main() -> None:
         rec.step(step, net, loss=loss)
     rec.close()
     if world > 1:
-        # Every rank done before any tears down: rank 0 holds the rendezvous store, and a rank still tearing down
-        # when rank 0 has exited can wait on that store for gloo's whole timeout (seen in CI under load).
-        dist.barrier()
+        dist.barrier()  # every rank done before any tears down
+        group = dist.group.WORLD
         dist.destroy_process_group()
+        return group
+    return None
 
 
 if __name__ == "__main__":
-    main()
+    # The group outlives the model: torch joins gloo's worker threads when its last reference goes, and DDP's reducer,
+    # freed with the GIL held, must not be that reference while a worker frees a collective that holds Python state
+    # (a hang at exit, seen in bisect runs: worker/ranks/teardown.py). The group's own object frees it without the GIL.
+    group = main()
+    gc.collect()  # the model and DDP, if a reference cycle outlived main
+    del group
