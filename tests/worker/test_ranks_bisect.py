@@ -90,6 +90,12 @@ def test_the_replay_before_its_probe_step_is_checked_by_model_digests(tmp: Path)
 def test_the_step_after_a_bit_flip_names_the_module_that_uses_the_parameter(tmp: Path) -> None:
     found = diagnosis(*mlp_pair(tmp, 3))
     first = found["first_module"]
+    if first is None:
+        # Some CPUs' matmul kernels round the one ulp away in 2's forward output and in every gradient it feeds:
+        # then no module call differs, and the diagnosis must say only that the state already differed.
+        assert found["first"]["entry"] == "state:2" and found["entries_differing"] == 2, found["summary"]
+        assert all(row["status"] == "equal" for row in found["tree"])
+        pytest.skip("one ulp of 2.weight[0, 0] was rounded away in every module call on this CPU")
     # One ulp of 2.weight[0, 0] shows in 2's forward output unless the CPU's matmul rounds it away; then first in
     # its backward (the gradient it passes back is computed with the flipped weight). Either way 2 introduced it.
     assert (first["module"], first["type"], first["call"]) == ("2", "Linear", 0) and first["phase"] in (
