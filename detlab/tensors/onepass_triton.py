@@ -2,21 +2,21 @@
 
 The recorder needs three things of every recorded tensor at every step: its fingerprint (docs/fingerprint.md),
 its stats and its count sketch (detlab.core.sketch, `cs1`). Two passes (detlab.tensors.fingerprint.triton_impl,
-then detlab.tensors.drift_triton) read the weights twice and cost the host two sets of launches. Here one
-program takes one sketch row (COLUMNS elements) of one tensor: it reads the row's elements for the stats and
-the sketch, bucket by bucket (the columns sorted by bucket once on the host: per bucket one gather and one
-sum, where a one-hot select of every element into K buckets took 1.27 ms a step for GPT-2 small's
-parameters on an H200 and this takes 0.92 ms, .sum() 0.12 ms: float64 arithmetic, not memory, bounds it),
-and the row's bytes as 64-bit words for the fingerprint (the same 8-16 KiB, read from memory once,
-the second load served by the cache), writes the row's K rotated, signed bucket sums, sum, sum of squares
-and max |x|, and adds its two fingerprint lane terms into its tensor's lane sums with atomic integer adds
-(exact and order-independent). A sketch row starts at a multiple of COLUMNS elements, so at a whole word
-(COLUMNS * element size is a multiple of 8), and word positions are the row's first word plus its index:
-the lane sums are the fingerprint's exactly. Rows are then added per tensor as drift_triton adds them, and
-the finalisation kernel of triton_impl turns lane sums into digests.
+then detlab.tensors.drift_triton) read the weights twice and cost the host two sets of launches.
 
-The host's per-list work is done once: a `Plan` holds the row table, the per-tensor length keys, every
-output buffer and the pinned host buffers, and from its second use a CUDA graph of the whole step (zero,
+Here an element of row r, column c goes to bucket (b1(c) + b2(r)) mod K with sign s1(c) * s2(r), so rows that
+share their row bucket b2 can be added column by column first (each signed by its s2) and mapped to buckets
+once. One program takes CHUNK columns of up to ROWS_PER_PROGRAM rows of one tensor that share b2: it reads each
+row's chunk in order (coalesced), adds it into per-column float64 sums (signed sum, sum, sum of squares, max
+|x|), reads the same bytes as 64-bit words for the fingerprint's lane terms (served by the cache), and at the
+end maps its columns to their K buckets, rotated by the group's b2: K + 3 values a program, and its lane sums
+added into its tensor's with atomic integer adds (exact and order-independent). A chunk starts at a whole word
+(CHUNK * element size is a multiple of 8), and word positions count from the tensor's first word, so the lane
+sums are the fingerprint's exactly. Programs are then added per tensor, and the finalisation kernel of
+triton_impl turns lane sums into digests.
+
+The host's per-list work is done once: a `Plan` holds the program and row tables, the per-tensor length keys,
+every output buffer and the pinned host buffers, and from its second use a CUDA graph of the whole step (zero,
 kernel, per-tensor sums, finalisation, copies to the host), so a step costs the host one graph replay and an
 event. Plans are kept per (device, data pointers, byte lengths, dtypes, indices); each holds a few `Slot`s
 (buffers and graph) so a step can be queued while an earlier one is still waiting to be read.
@@ -47,7 +47,9 @@ from detlab.tensors.fingerprint.triton_impl import _finalize_kernel, _mix, _mix_
 CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 ALIGN = 16
 ROW_VALUES = sketch.K + 3  # K buckets, sum, sum of squares, max |x|
-WORD_BLOCK = 512  # words per inner fingerprint step
+CHUNK = 1024  # columns of a row that one program reads
+ROWS_PER_PROGRAM = 128
+WORD_BLOCK = 256  # words per inner fingerprint step
 NUM_WARPS = 4
 SLOTS = 3  # steps of one list that may be queued and not yet read
 KEPT_PLANS = 8
@@ -55,69 +57,74 @@ _FINAL_BLOCK = 128
 
 
 @triton.jit
-def _onepass_kernel(row_addr, row_n, row_bytes, row_word0, row_bucket, row_sign, row_owner, row_code,
-                    col_order, col_sign, bucket_start, sums, per_row,
-                    K: tl.constexpr, MAXB: tl.constexpr, WB: tl.constexpr,
+def _onepass_kernel(prog_addr, prog_code, prog_owner, prog_rot, prog_q, prog_start, prog_count,
+                    row_index, row_sign, row_n, col_bucket, col_sign, sums, per_prog,
+                    K: tl.constexpr, COLUMNS: tl.constexpr, CHUNK: tl.constexpr, WB: tl.constexpr,
                     A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, A4: tl.constexpr, A5: tl.constexpr,
                     B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, B4: tl.constexpr, B5: tl.constexpr):
-    r = tl.program_id(0)
-    addr = tl.load(row_addr + r)
-    n = tl.load(row_n + r)
-    code = tl.load(row_code + r)
-    row_bucket_r = tl.load(row_bucket + r)
-    row_sign_r = tl.load(row_sign + r)
-    o = per_row + r * (K + 3)
-    total = tl.zeros([MAXB], dtype=tl.float64)
-    squares = tl.zeros([MAXB], dtype=tl.float64)
-    peak = tl.zeros([MAXB], dtype=tl.float64)
-    # Bucket by bucket: the columns of bucket k (sorted by bucket on the host) gathered from the row, signed and
-    # summed; every column lies in one bucket, so the stats see every element once.
-    for k in tl.static_range(K):
-        j = tl.load(bucket_start + k) + tl.arange(0, MAXB)
-        live = j < tl.load(bucket_start + k + 1)
-        cols = tl.load(col_order + j, mask=live, other=0)
-        m = live & (cols < n)
+    p = tl.program_id(0)
+    addr = tl.load(prog_addr + p)
+    code = tl.load(prog_code + p)
+    q = tl.load(prog_q + p)
+    first = tl.load(prog_start + p)
+    count = tl.load(prog_count + p)
+    size = tl.where(code == 0, 4, tl.where(code == 3, 8, 2)).to(tl.int64)
+    cols = q * CHUNK + tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], dtype=tl.float64)  # per column: the rows' signed sum
+    total = tl.zeros([CHUNK], dtype=tl.float64)
+    squares = tl.zeros([CHUNK], dtype=tl.float64)
+    peak = tl.zeros([CHUNK], dtype=tl.float64)
+    lane0 = tl.zeros([WB], dtype=tl.uint64)
+    lane1 = tl.zeros([WB], dtype=tl.uint64)
+    b = tl.arange(0, 8)
+    for i in range(count):
+        r = tl.load(row_index + first + i)
+        n = tl.load(row_n + first + i)
+        m = cols < n
+        at = r * COLUMNS + cols  # element offsets in the tensor: the row's columns of this chunk, read in order
         if code == 0:
-            x = tl.load(addr.to(tl.pointer_type(tl.float32)) + cols, mask=m, other=0).to(tl.float64)
+            x = tl.load(addr.to(tl.pointer_type(tl.float32)) + at, mask=m, other=0).to(tl.float64)
         elif code == 1:
-            x = tl.load(addr.to(tl.pointer_type(tl.bfloat16)) + cols, mask=m, other=0).to(tl.float64)
+            x = tl.load(addr.to(tl.pointer_type(tl.bfloat16)) + at, mask=m, other=0).to(tl.float64)
         elif code == 2:
-            x = tl.load(addr.to(tl.pointer_type(tl.float16)) + cols, mask=m, other=0).to(tl.float64)
+            x = tl.load(addr.to(tl.pointer_type(tl.float16)) + at, mask=m, other=0).to(tl.float64)
         else:
-            x = tl.load(addr.to(tl.pointer_type(tl.float64)) + cols, mask=m, other=0)
-        # The row's own bucket rotates its sums and its sign signs them: element bucket (b1 + b2) mod K.
-        bucket = tl.sum(x * tl.load(col_sign + j, mask=live, other=0.0), axis=0)
-        tl.store(o + (k + row_bucket_r) % K, bucket * row_sign_r)
+            x = tl.load(addr.to(tl.pointer_type(tl.float64)) + at, mask=m, other=0)
+        acc += x * tl.load(row_sign + first + i)
         total += x
         squares += x * x
         peak = tl.maximum(peak, tl.abs(x))
+        # The fingerprint's lane terms of the same bytes (now in cache), zero-padding a last partial word as the
+        # spec does; word positions count from the tensor's first word.
+        nbytes = tl.minimum(tl.maximum(n - q * CHUNK, 0), CHUNK) * size
+        word0 = (r * COLUMNS + q * CHUNK) * size // 8
+        base = addr.to(tl.pointer_type(tl.int64)) + word0
+        nwords = nbytes // 8
+        padded = (nbytes + 7) // 8
+        rest = nbytes - nwords * 8
+        tail = tl.load((base + nwords).to(tl.pointer_type(tl.uint8)) + b, mask=b < rest, other=0)
+        tail_word = tl.sum(tail.to(tl.uint64) << (b * 8).to(tl.uint64), axis=0)  # disjoint bits: sum == or
+        for w in range(0, padded, WB):
+            idx = w + tl.arange(0, WB)
+            word = tl.load(base + idx, mask=idx < nwords, other=0).to(tl.uint64, bitcast=True)
+            word = tl.where(idx == nwords, tail_word, word)
+            pos = (word0 + idx).to(tl.uint64, bitcast=True)
+            live = idx < padded
+            lane0 += tl.where(live, _mix(word ^ (pos * 0x9E3779B97F4A7C15), A1, A2, A3, A4, A5), 0)
+            lane1 += tl.where(live, _mix(word ^ (pos * 0xD1B54A32D192ED03), B1, B2, B3, B4, B5), 0)
+    # The column map once per program: column c's signed sum goes to bucket b1(c), rotated by the rows' b2.
+    o = per_prog + p * (K + 3)
+    rot = tl.load(prog_rot + p)
+    bucket = tl.load(col_bucket + cols)
+    signed = acc * tl.load(col_sign + cols)
+    for k in tl.static_range(K):
+        tl.store(o + (k + rot) % K, tl.sum(tl.where(bucket == k, signed, 0.0), axis=0))
     tl.store(o + K, tl.sum(total, axis=0))
     tl.store(o + K + 1, tl.sum(squares, axis=0))
     tl.store(o + K + 2, tl.max(peak, axis=0))
-    # The fingerprint's lane terms of the row's bytes (the same memory, now in cache), zero-padding a last
-    # partial word as the spec does.
-    nbytes = tl.load(row_bytes + r)
-    nwords = nbytes // 8
-    padded = (nbytes + 7) // 8
-    word0 = tl.load(row_word0 + r)
-    base = addr.to(tl.pointer_type(tl.int64))
-    rest = nbytes - nwords * 8
-    b = tl.arange(0, 8)
-    tail = tl.load(addr.to(tl.pointer_type(tl.uint8)) + nwords * 8 + b, mask=b < rest, other=0)
-    tail_word = tl.sum(tail.to(tl.uint64) << (b * 8).to(tl.uint64), axis=0)  # disjoint bits: sum == or
-    acc0 = tl.zeros([WB], dtype=tl.uint64)
-    acc1 = tl.zeros([WB], dtype=tl.uint64)
-    for w in range(0, padded, WB):
-        idx = w + tl.arange(0, WB)
-        word = tl.load(base + idx, mask=idx < nwords, other=0).to(tl.uint64, bitcast=True)
-        word = tl.where(idx == nwords, tail_word, word)
-        pos = (word0 + idx).to(tl.uint64, bitcast=True)
-        live = idx < padded
-        acc0 += tl.where(live, _mix(word ^ (pos * 0x9E3779B97F4A7C15), A1, A2, A3, A4, A5), 0)
-        acc1 += tl.where(live, _mix(word ^ (pos * 0xD1B54A32D192ED03), B1, B2, B3, B4, B5), 0)
-    i = tl.load(row_owner + r)
-    tl.atomic_add(sums + 2 * i, tl.sum(acc0, axis=0).to(tl.int64, bitcast=True))
-    tl.atomic_add(sums + 2 * i + 1, tl.sum(acc1, axis=0).to(tl.int64, bitcast=True))
+    owner = tl.load(prog_owner + p)
+    tl.atomic_add(sums + 2 * owner, tl.sum(lane0, axis=0).to(tl.int64, bitcast=True))
+    tl.atomic_add(sums + 2 * owner + 1, tl.sum(lane1, axis=0).to(tl.int64, bitcast=True))
 
 
 def supported(t: torch.Tensor) -> bool:
@@ -128,22 +135,18 @@ def supported(t: torch.Tensor) -> bool:
 
 
 @functools.cache
-def _column_map(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """The sketch's columns sorted by bucket, their signs in that order, where each bucket starts, and the
-    largest bucket rounded up to a power of two (the lanes of one gather)."""
+def _column_map(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each of the sketch's columns' bucket and sign, on `device`."""
     b1, s1 = sketch.column_map()
-    order = np.argsort(b1, kind="stable")
-    start = np.concatenate([[0], np.cumsum(np.bincount(b1, minlength=sketch.K))])
-    return (torch.from_numpy(order.astype(np.int32)).to(device), torch.from_numpy(s1[order]).to(device),
-            torch.from_numpy(start.astype(np.int32)).to(device), triton.next_power_of_2(int(np.diff(start).max())))
+    return torch.from_numpy(b1.astype(np.int32)).to(device), torch.from_numpy(s1).to(device)
 
 
 @dataclass(eq=False)
 class Slot:
-    """One queued step's buffers: lane sums, per-row values, per-tensor results, their pinned host copies."""
+    """One queued step's buffers: lane sums, per-program values, per-tensor results, their pinned host copies."""
 
     sums: torch.Tensor  # int64[n, 2]
-    per_row: torch.Tensor  # float64[rows, K + 3]
+    per_prog: torch.Tensor  # float64[programs, K + 3]
     values: torch.Tensor  # float64[n, 3 + K]: sum, L2 norm, max |x|, then the sketch
     final: torch.Tensor  # int64[n, 2] digests
     host_digests: torch.Tensor  # pinned
@@ -155,54 +158,77 @@ class Slot:
 
 @dataclass(eq=False)
 class Plan:
-    """What a list's layout fixes: the row table on the device, the length keys, the slots."""
+    """What a list's layout fixes: the program and row tables on the device, the length keys, the slots."""
 
     device: torch.device
     key: DigestKey
     tensors: int
-    rows: int
-    table: tuple[torch.Tensor, ...]  # row_addr, row_n, row_bytes, row_word0, row_bucket, row_sign, row_owner, row_code
-    owner: torch.Tensor  # = table[6]
+    programs: int
+    table: tuple[torch.Tensor, ...]  # as _onepass_kernel's arguments, prog_addr to row_n
+    owner: torch.Tensor  # = table[2]
     len_mix: torch.Tensor  # int64[n, 2]
     slots: list[Slot] = field(default_factory=list)
     capturable: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], key: DigestKey = DEFAULT_KEY) -> Plan:
-    """The row table of `tensors` (each `supported`, one device); `indices`: each one's index in the recorded
-    list (the sketch's row map depends on it)."""
-    device = tensors[0].device
-    parts: list[list[np.ndarray]] = [[] for _ in range(8)]
+def _programs(n: int, b2: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One tensor's programs, as (rotation, chunk, rows' start in the tensor's row list, row count), and its row
+    list: the rows (of `n` elements in all, row bucket `b2`) with something in each chunk, grouped by b2 and cut
+    into runs of at most ROWS_PER_PROGRAM."""
     C = sketch.COLUMNS  # noqa: N806
+    listed, progs = [], []
+    at = 0
+    for q in range(C // CHUNK):
+        live = np.arange(-(-(n - q * CHUNK) // C) if n > q * CHUNK else 0)  # rows reaching into chunk q
+        order = live[np.argsort(b2[live], kind="stable")]
+        keys = b2[order]
+        cut = np.flatnonzero(np.diff(keys)) + 1
+        for group in np.split(np.arange(order.size), cut):
+            for s in range(0, group.size, ROWS_PER_PROGRAM):
+                part = group[s : s + ROWS_PER_PROGRAM]
+                progs.append((keys[part[0]], q, at + part[0], part.size))
+        listed.append(order)
+        at += order.size
+    return np.array(progs, dtype=np.int64).reshape(-1, 4), np.concatenate(listed)
+
+
+def plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], key: DigestKey = DEFAULT_KEY) -> Plan:
+    """The program and row tables of `tensors` (each `supported`, one device); `indices`: each one's index in the
+    recorded list (the sketch's row map depends on it)."""
+    device = tensors[0].device
+    C = sketch.COLUMNS  # noqa: N806
+    prog_parts: list[np.ndarray] = []
+    row_parts: list[np.ndarray] = []
+    rows_before = 0
     for i, t in enumerate(tensors):
         n = t.numel()
         if not n:
             continue
-        size = t.element_size()
-        rows = sketch.rows_of(n)
-        first = np.arange(rows, dtype=np.int64) * C
-        counts = np.minimum(n - first, C)
-        b2, s2 = sketch.row_map(indices[i], rows)
-        row: tuple[np.ndarray, ...] = (t.data_ptr() + first * size, counts, counts * size, first * size // 8,
-                                       b2.astype(np.int32), s2.astype(np.float64), np.full(rows, i, dtype=np.int64),
-                                       np.full(rows, CODES[t.dtype], dtype=np.int32))
-        for part, values in zip(parts, row, strict=True):
-            part.append(values)
-    empty = (np.int64, np.int64, np.int64, np.int64, np.int32, np.float64, np.int64, np.int32)
-    columns = [np.concatenate(p) if p else np.zeros(0, dtype=d) for p, d in zip(parts, empty, strict=True)]
-    table = tuple(torch.from_numpy(c).to(device) for c in columns)
+        b2, s2 = sketch.row_map(indices[i], sketch.rows_of(n))
+        progs, listed = _programs(n, b2)
+        prog_parts.append(np.column_stack([np.full(len(progs), t.data_ptr()), np.full(len(progs), CODES[t.dtype]),
+                                           np.full(len(progs), i), progs[:, :3] + [0, 0, rows_before], progs[:, 3]]))
+        row_parts.append(np.column_stack([listed, s2[listed].view(np.int64), np.minimum(n - listed * C, C)]))
+        rows_before += listed.size
+    progs = np.concatenate(prog_parts) if prog_parts else np.zeros((0, 7), dtype=np.int64)
+    rows = np.concatenate(row_parts) if row_parts else np.zeros((0, 3), dtype=np.int64)
+    dtypes = (torch.int64, torch.int32, torch.int64, torch.int32, torch.int32, torch.int64, torch.int32)
+    table = tuple(torch.from_numpy(np.ascontiguousarray(progs[:, j])).to(device, dt) for j, dt in enumerate(dtypes))
+    table += (torch.from_numpy(np.ascontiguousarray(rows[:, 0])).to(device),
+              torch.from_numpy(np.ascontiguousarray(rows[:, 1])).view(torch.float64).to(device),
+              torch.from_numpy(np.ascontiguousarray(rows[:, 2])).to(device))
     nb = np.array([t.numel() * t.element_size() for t in tensors], dtype=np.uint64)
     len_mix = _mix_lanes(nb[:, None] ^ np.array(key.len_key, dtype=np.uint64), key).view(np.int64)
-    return Plan(device=device, key=key, tensors=len(tensors), rows=int(columns[0].size), table=table,
-                owner=table[6], len_mix=torch.from_numpy(np.ascontiguousarray(len_mix)).to(device))
+    return Plan(device=device, key=key, tensors=len(tensors), programs=len(progs), table=table, owner=table[2],
+                len_mix=torch.from_numpy(np.ascontiguousarray(len_mix)).to(device))
 
 
 def _new_slot(p: Plan) -> Slot:
     n, dev = p.tensors, p.device
     pin = dev.type == "cuda"
     return Slot(sums=torch.zeros((n, 2), dtype=torch.int64, device=dev),
-                per_row=torch.zeros((p.rows, ROW_VALUES), dtype=torch.float64, device=dev),
+                per_prog=torch.zeros((p.programs, ROW_VALUES), dtype=torch.float64, device=dev),
                 values=torch.zeros((n, sketch.STATS + sketch.K), dtype=torch.float64, device=dev),
                 final=torch.zeros((n, 2), dtype=torch.int64, device=dev),
                 host_digests=torch.zeros((n, 2), dtype=torch.int64, pin_memory=pin),
@@ -216,15 +242,14 @@ def compute(p: Plan, s: Slot) -> None:
     s.values.zero_()
     (a1, a2, a3, a4, a5), (b1, b2, b3, b4, b5) = p.key.mixers
     K = sketch.K  # noqa: N806
-    if p.rows:
-        order, sign, start, maxb = _column_map(p.device)
-        _onepass_kernel[(p.rows,)](*p.table, order, sign, start, s.sums, s.per_row, K=K, MAXB=maxb, WB=WORD_BLOCK,
-                                   num_warps=NUM_WARPS,
-                                   A1=a1, A2=a2, A3=a3, A4=a4, A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5)
-        s.values[:, 0].index_add_(0, p.owner, s.per_row[:, K])
-        s.values[:, 1].index_add_(0, p.owner, s.per_row[:, K + 1])
-        s.values[:, 2].scatter_reduce_(0, p.owner, s.per_row[:, K + 2], reduce="amax")
-        s.values[:, sketch.STATS:].index_add_(0, p.owner, s.per_row[:, :K])
+    if p.programs:
+        _onepass_kernel[(p.programs,)](*p.table, *_column_map(p.device), s.sums, s.per_prog, K=K,
+                                       COLUMNS=sketch.COLUMNS, CHUNK=CHUNK, WB=WORD_BLOCK, num_warps=NUM_WARPS,
+                                       A1=a1, A2=a2, A3=a3, A4=a4, A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5)
+        s.values[:, 0].index_add_(0, p.owner, s.per_prog[:, K])
+        s.values[:, 1].index_add_(0, p.owner, s.per_prog[:, K + 1])
+        s.values[:, 2].scatter_reduce_(0, p.owner, s.per_prog[:, K + 2], reduce="amax")
+        s.values[:, sketch.STATS:].index_add_(0, p.owner, s.per_prog[:, :K])
     s.values[:, 1].sqrt_()
     _finalize_kernel[(triton.cdiv(p.tensors, _FINAL_BLOCK),)](s.sums, p.len_mix, s.final, p.tensors,
                                                                BLOCK=_FINAL_BLOCK, A1=a1, A2=a2, A3=a3, A4=a4,

@@ -34,11 +34,11 @@ def cases() -> list[torch.Tensor]:
     return [torch.randn(2 * sketch.COLUMNS + 5, generator=g), torch.randn(7, 9, generator=g).to(torch.bfloat16),
             torch.randn(3, generator=g).half(), torch.randn(sketch.COLUMNS, generator=g, dtype=torch.float64),
             torch.zeros(0), torch.randn(1, generator=g),
-            torch.randn(sketch.COLUMNS + 1, generator=g).to(torch.bfloat16)]
+            torch.randn(sketch.COLUMNS + 1, generator=g).to(torch.bfloat16),
+            torch.randn(24 * sketch.COLUMNS - 3, generator=g)]  # groups of rows that share a row bucket
 
 
-def main() -> None:
-    _index_fix()
+def check() -> None:
     ts = cases()
     assert all(op.supported(t) for t in ts), [t.data_ptr() % 16 for t in ts]
     indices = list(range(len(ts)))
@@ -55,6 +55,13 @@ def main() -> None:
     np.testing.assert_allclose(values[:, sketch.STATS :], sk, rtol=1e-12, atol=1e-12)
     op.compute(p, s)  # a second run into the same slot: zeroed, the same result
     assert op.read(p, s)[0] == want
+
+
+def main() -> None:
+    _index_fix()
+    check()
+    op.ROWS_PER_PROGRAM = 2  # a group's rows cut into several programs, and a program of one row
+    check()
     print("ok")
 
 
