@@ -12,9 +12,13 @@ run: $(VENV)/.installed
 	$(VENV)/bin/detlab up --port $(PORT)
 
 PYTEST_ARGS ?=
+# The full suite in this many processes (pytest-xdist), each taking a whole test file at a time, so that a file's
+# shared deployment and browser stay in one process. Its tests mostly wait on processes of their own (ranks,
+# servers, a browser): two of them keep a 2-core machine busy.
+TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed services
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
