@@ -55,6 +55,7 @@ NUM_WARPS = 4
 SLOTS = 3  # steps of one list that may be queued and not yet read
 KEPT_PLANS = 8
 _FINAL_BLOCK = 128
+_SUM_BLOCK = 32  # programs' values added at once per tensor
 
 
 @triton.jit
@@ -134,6 +135,30 @@ def _onepass_kernel(prog_addr, prog_code, prog_owner, prog_rot, prog_q, prog_sta
     tl.atomic_add(sums + 2 * owner + 1, tl.sum(lane1, axis=0).to(tl.int64, bitcast=True))
 
 
+@triton.jit
+def _per_tensor_kernel(per_prog, tensor_start, values, K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr):
+    # A tensor's programs' values added in a fixed order (blocks of BLOCK, each a fixed tree): the same bits on
+    # every run, where float64 atomics (index_add_) add in whatever order the programs finish.
+    t = tl.program_id(0)
+    lo = tl.load(tensor_start + t)
+    hi = tl.load(tensor_start + t + 1)
+    j = tl.arange(0, V)
+    live = j < K + 3
+    acc = tl.zeros([V], dtype=tl.float64)
+    peak = tl.zeros([V], dtype=tl.float64)
+    for b in range(lo, hi, BLOCK):
+        rows = b + tl.arange(0, BLOCK)
+        block = tl.load(per_prog + rows[:, None] * (K + 3) + j[None, :], mask=(rows < hi)[:, None] & live[None, :],
+                        other=0.0)
+        acc += tl.sum(block, axis=0)
+        peak = tl.maximum(peak, tl.max(block, axis=0))
+    out = values + t * (K + 3)  # sum, L2 norm, max |x|, then the sketch
+    tl.store(out, tl.sum(tl.where(j == K, acc, 0.0), axis=0))
+    tl.store(out + 1, tl.sqrt(tl.sum(tl.where(j == K + 1, acc, 0.0), axis=0)))
+    tl.store(out + 2, tl.max(tl.where(j == K + 2, peak, 0.0), axis=0))
+    tl.store(out + 3 + j, acc, mask=j < K)
+
+
 def supported(t: torch.Tensor) -> bool:
     """Read in place by the kernel: a contiguous, 16-byte aligned tensor of a floating dtype it loads."""
     return (t.dtype in CODES and t.layout == torch.strided and t.is_contiguous() and not t.is_conj()
@@ -172,7 +197,7 @@ class Plan:
     tensors: int
     programs: int
     table: tuple[torch.Tensor, ...]  # as _onepass_kernel's arguments, prog_addr to row_n
-    owner: torch.Tensor  # = table[2]
+    tensor_start: torch.Tensor  # int64[n + 1]: tensor i's programs are [start[i], start[i + 1])
     len_mix: torch.Tensor  # int64[n, 2]
     slots: list[Slot] = field(default_factory=list)
     capturable: bool = True
@@ -227,7 +252,9 @@ def plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], key: DigestKey
               torch.from_numpy(np.ascontiguousarray(rows[:, 2])).to(device))
     nb = np.array([t.numel() * t.element_size() for t in tensors], dtype=np.uint64)
     len_mix = _mix_lanes(nb[:, None] ^ np.array(key.len_key, dtype=np.uint64), key).view(np.int64)
-    return Plan(device=device, key=key, tensors=len(tensors), programs=len(progs), table=table, owner=table[2],
+    start = np.searchsorted(progs[:, 2], np.arange(len(tensors) + 1))  # programs are laid out tensor by tensor
+    return Plan(device=device, key=key, tensors=len(tensors), programs=len(progs), table=table,
+                tensor_start=torch.from_numpy(start.astype(np.int64)).to(device),
                 len_mix=torch.from_numpy(np.ascontiguousarray(len_mix)).to(device))
 
 
@@ -254,11 +281,8 @@ def compute(p: Plan, s: Slot) -> None:
                                        COLUMNS=sketch.COLUMNS, CHUNK=CHUNK, ROW_TILE=ROW_TILE, WB=WORD_BLOCK,
                                        num_warps=NUM_WARPS,
                                        A1=a1, A2=a2, A3=a3, A4=a4, A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5)
-        s.values[:, 0].index_add_(0, p.owner, s.per_prog[:, K])
-        s.values[:, 1].index_add_(0, p.owner, s.per_prog[:, K + 1])
-        s.values[:, 2].scatter_reduce_(0, p.owner, s.per_prog[:, K + 2], reduce="amax")
-        s.values[:, sketch.STATS:].index_add_(0, p.owner, s.per_prog[:, :K])
-    s.values[:, 1].sqrt_()
+        _per_tensor_kernel[(p.tensors,)](s.per_prog, p.tensor_start, s.values, K=K, BLOCK=_SUM_BLOCK,
+                                         V=triton.next_power_of_2(ROW_VALUES))
     _finalize_kernel[(triton.cdiv(p.tensors, _FINAL_BLOCK),)](s.sums, p.len_mix, s.final, p.tensors,
                                                                BLOCK=_FINAL_BLOCK, A1=a1, A2=a2, A3=a3, A4=a4,
                                                                A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5)
