@@ -54,7 +54,8 @@ SERVICE_FIXTURES = {"pg_url", "redis_url", "redis_server", "own_redis", "own_pos
 SOURCE_SIGNS = {
     "services": re.compile(r"\bPG_ADMIN\b|psycopg\.connect\("),
     "processes": re.compile(r"\bsys\.executable\b|\bsubprocess\.(run|Popen|check_output|check_call|call)\("),
-    "ranks": re.compile(r"\bTORCHRUN\b|[\"']torchrun[\"']|\blaunch_ranks\(|\bverify\.(launch|main)\(|\bmp\.spawn\("),
+    "ranks": re.compile(r"\bTORCHRUN\b|[\"']torchrun[\"']|\blaunch_ranks\(|\bZygote\(|\bverify\.(launch|main)\("
+                        r"|\bmp\.spawn\("),
 }
 SLOW_MARKERS = {"browser", "faults", "gpu"}
 # A deployment's test waits on jobs for minutes by design (the first one of a module starts the shared stack):

@@ -10,7 +10,6 @@ they end (done, failed, hung, or stopped because the server cancelled the run).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -20,12 +19,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeAlias
 
 from detlab.core.wire import MAX_WORLD_SIZE, RECORD, RankSpec, Record, WorkerCapacity
+from detlab.worker import zygote
+from detlab.worker.zygote import Forked, Zygote, die_with_parent
+
+Rank: TypeAlias = "subprocess.Popen[bytes] | Forked"
 
 RANK_PROGRAMS = {"train": "detlab.worker.ranks.train", "collective": "detlab.worker.ranks.collective",
                  "batch-invariance": "detlab.worker.ranks.diagnose", "op-audit": "detlab.worker.ranks.diagnose"}
+# What a worker's zygote preloads (a test that points a kind at a program of its own gets fresh processes).
+PRELOADED = tuple(RANK_PROGRAMS.values())
 # Records that are a run's progress (a step, a collective trial, a diagnosis result): before a rank's first,
 # it may take first_step_timeout_s (building, compiling, tracing); after it, hang_timeout_s between records.
 PROGRESS_RECORDS = ("step", "trial", "invariance", "model-invariance", "audit-op")
@@ -49,14 +54,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """For Popen's preexec_fn: the child gets `sig` when its parent dies, however the parent died.
-
-    A SIGKILLed worker must not leave ranks training into a spool nobody reads."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, sig)  # PR_SET_PDEATHSIG
-
-
 def node_capacity(device: Literal["auto", "cpu", "cuda"], ranks_per_core: int) -> WorkerCapacity:
     """How many ranks of one run this node can launch, as the heartbeat reports it: one per GPU when its
     ranks run on GPUs (nccl), `ranks_per_core` per CPU core it may use otherwise (gloo)."""
@@ -72,7 +69,7 @@ def node_capacity(device: Literal["auto", "cpu", "cuda"], ranks_per_core: int) -
                           ranks_per_core=ranks_per_core, **(versions if on_gpu else {}))
 
 
-def kill_groups(procs: list[subprocess.Popen[bytes]]) -> None:
+def kill_groups(procs: list[Rank]) -> None:
     """SIGKILL each rank's process group (the rank and whatever it spawned), then reap the ranks.
 
     Every rank leads a group of its own (start_new_session), so a data-loader worker or compiler process it
@@ -155,7 +152,7 @@ def hang_error(stalled: list[int], progressing: list[int], folder: Path, limit_s
 PEER_EXIT_GRACE_S = 3.0
 
 
-def wait_for_exits(procs: list[subprocess.Popen[bytes]], grace_s: float) -> list[int | None]:
+def wait_for_exits(procs: list[Rank], grace_s: float) -> list[int | None]:
     """Each process's exit code once all have exited or `grace_s` has passed (None: still running)."""
     deadline = time.monotonic() + grace_s
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -175,7 +172,7 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
                  first_step_timeout_s: float | None = None,
                  timeout_s: float | None = None, poll_s: float = 0.2, tie_to_parent: bool = False,
                  stop: Callable[[], str | None] = lambda: None, argv: Sequence[str] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, forks: Zygote | None = None) -> None:
     """Run `spec.world_size` ranks of the spec's program in `folder` until all exit 0.
 
     `env(rank)` is the rank's environment before the torchrun variables. Records are handed to
@@ -189,6 +186,8 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
     ranks, their process groups are killed before this returns.
     `argv`: each rank runs this command (a registered script, in `cwd`) instead of the spec's rank program;
     it spools where the spec's program would, through detlab.Recorder (DETLAB_RUN_DIR).
+    A rank of a rank program is forked from `forks` (by default this process's zygote, detlab.worker.zygote) when
+    its environment allows; forked ranks always die with this process.
     """
     spec_path = folder / "spec.json"
     spec_path.write_text(spec.model_copy(update={"spool_dir": str(folder)}).model_dump_json())
@@ -196,9 +195,16 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
     envs = [torchrun_env(env(rank), rank, world, port, spec.threads) for rank in range(world)]  # may refuse
     reader, procs = SpoolReader(folder), []
     failure: RankFailed | None = None
+    module = None if argv else RANK_PROGRAMS[spec.kind]
+    forks = forks or (zygote.shared(PRELOADED) if module in PRELOADED else None)
     try:
         for rank in range(world):
-            with (folder / f"rank{rank}.stderr").open("wb") as err:  # the child keeps its own copy
+            out = folder / f"rank{rank}.stderr"
+            if module and forks and forks.forkable(module, envs[rank]):
+                out.write_bytes(b"")
+                procs.append(forks.fork(module, [str(spec_path)], envs[rank], str(cwd or Path.cwd()), str(out)))
+                continue
+            with out.open("wb") as err:  # the child keeps its own copy
                 command = list(argv) if argv else [sys.executable, "-m", RANK_PROGRAMS[spec.kind], str(spec_path)]
                 procs.append(subprocess.Popen(command, env=envs[rank], cwd=cwd, stdout=err, stderr=subprocess.STDOUT,
                                               start_new_session=True,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from detlab.core.wire import RankSpec, RunSpec, StepRecord
 from detlab.worker import launch, runner
 from detlab.worker.launch import RankFailed, RanksStopped, RanksTimedOut, SpoolReader, launch_ranks, torchrun_env
 from detlab.worker.runner import child_env
+from detlab.worker.zygote import Zygote
 
 DIGEST = "fp1:" + "0" * 32
 
@@ -109,38 +112,74 @@ if behaviour.startswith("spawn"):  # a child of its own, as a data-loader worker
 """
 
 
+@pytest.fixture(scope="module")
+def fake_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding `fakeranks.rank`: a rank program that spools one step record, then exits 0, crashes (rank 1)
+    or hangs, per $FAKE."""
+    root = tmp_path_factory.mktemp("fake")
+    (root / "fakeranks").mkdir()
+    (root / "fakeranks" / "__init__.py").write_text("")
+    (root / "fakeranks" / "rank.py").write_text('if __name__ == "__main__":\n' + textwrap.indent(FAKE_RANK, "    "))
+    return root
+
+
 @pytest.fixture
-def fake_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A rank program that spools one step record, then exits 0, crashes (rank 1) or hangs, per $FAKE."""
-    pkg = tmp_path / "fakeranks"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "rank.py").write_text(FAKE_RANK)
+def fake_rank(fake_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The run folder of a launch whose `train` ranks run fakeranks.rank (env_for(behaviour) sets $FAKE)."""
     monkeypatch.setitem(launch.RANK_PROGRAMS, "train", "fakeranks.rank")
+    monkeypatch.setenv("PYTHONPATH", python_path(fake_root))
     folder = tmp_path / "run"
     folder.mkdir()
     return folder
+
+
+@pytest.fixture(scope="module")
+def fake_zygote(fake_root: Path) -> Iterator[Zygote]:
+    """A zygote that forks fakeranks.rank (as a worker's forks its rank programs)."""
+    zygote = Zygote(["fakeranks.rank"], env={**os.environ, "PYTHONPATH": python_path(fake_root)}, lazy_env=["FAKE"])
+    # the tests' environment, as fake_rank sets it
+    yield zygote
+    zygote.close()
+
+
+@pytest.fixture(params=["fresh", "forked"])
+def forks(request: pytest.FixtureRequest) -> Iterator[Zygote | None]:
+    """How the launcher starts the fake ranks: as fresh processes, or forked from a zygote (checked to have forked)."""
+    if request.param == "fresh":
+        yield None
+        return
+    zygote = request.getfixturevalue("fake_zygote")
+    before = len(zygote.exits)
+    yield zygote
+    assert len(zygote.exits) > before
+
+
+PYTHONPATH = os.environ.get("PYTHONPATH")
+
+
+def python_path(fake_root: Path) -> str:
+    return os.pathsep.join(p for p in (str(fake_root), PYTHONPATH) if p)
 
 
 def rank_spec(world: int) -> RankSpec:
     return RankSpec(kind="train", workload="mlp", world_size=world, steps=1)
 
 
-def env_for(behaviour: str, fake_root: Path) -> Any:
-    path = os.pathsep.join(p for p in (str(fake_root), os.environ.get("PYTHONPATH")) if p)
-    return lambda rank: {**os.environ, "FAKE": behaviour, "PYTHONPATH": path}
+def env_for(behaviour: str) -> Any:
+    return lambda rank: {**os.environ, "FAKE": behaviour}
 
 
 def test_launcher_hands_on_every_rank_record_when_all_exit_0(fake_rank: Path) -> None:
     got: list[Any] = []
-    launch_ranks(rank_spec(3), fake_rank, env=env_for("ok", fake_rank.parent), on_records=got.extend, poll_s=0.05)
+    launch_ranks(rank_spec(3), fake_rank, env=env_for("ok"), on_records=got.extend, poll_s=0.05)
     assert sorted(r.rank for r in got) == [0, 1, 2]
 
 
-def test_launcher_fails_with_the_crashed_ranks_output_and_keeps_what_was_spooled(fake_rank: Path) -> None:
+def test_launcher_fails_with_the_crashed_ranks_output_and_keeps_what_was_spooled(fake_rank: Path,
+                                                                               forks: Zygote | None) -> None:
     got: list[Any] = []
     with pytest.raises(RankFailed, match=r"rank 1 exited with code 3(.|\n)*rank 1 says goodbye"):
-        launch_ranks(rank_spec(2), fake_rank, env=env_for("crash", fake_rank.parent), on_records=got.extend,
+        launch_ranks(rank_spec(2), fake_rank, forks=forks, env=env_for("crash"), on_records=got.extend,
                      poll_s=0.05)
     assert 1 in {r.rank for r in got}
 
@@ -148,17 +187,17 @@ def test_launcher_fails_with_the_crashed_ranks_output_and_keeps_what_was_spooled
 def test_launcher_names_every_rank_that_exited_when_several_failed(fake_rank: Path) -> None:
     # Which failed rank a poll sees first is a race: naming only the first could blame a peer of the cause.
     with pytest.raises(RankFailed) as failed:
-        launch_ranks(rank_spec(2), fake_rank, env=env_for("crash-all", fake_rank.parent), on_records=lambda _: None,
+        launch_ranks(rank_spec(2), fake_rank, env=env_for("crash-all"), on_records=lambda _: None,
                      poll_s=0.05)
     message = str(failed.value)
     assert "rank 0 exited with code 1; rank 1 exited with code 3" in message
     assert "rank 0 fails too" in message and "rank 1 fails too" in message
 
 
-def test_launcher_kills_ranks_that_make_no_progress(fake_rank: Path) -> None:
+def test_launcher_kills_ranks_that_make_no_progress(fake_rank: Path, forks: Zygote | None) -> None:
     got: list[Any] = []
     with pytest.raises(RanksTimedOut, match=r"no progress from any rank \(0, 1\) for 4 s(.|\n)*rank 0 waits in"):
-        launch_ranks(rank_spec(2), fake_rank, env=env_for("hang", fake_rank.parent), on_records=got.extend,
+        launch_ranks(rank_spec(2), fake_rank, forks=forks, env=env_for("hang"), on_records=got.extend,
                      hang_timeout_s=4.0, poll_s=0.05)
     assert len(got) == 2  # the records written before the hang were handed on
 
@@ -168,14 +207,14 @@ def test_launcher_names_the_one_rank_that_stopped_while_the_others_stepped(fake_
     started = time.monotonic()
     with pytest.raises(RanksTimedOut, match=r"rank 1 made no progress for 2 s while ranks 0, 2 did"
                                             r"(.|\n)*rank 1 waits in allreduce"):
-        launch_ranks(rank_spec(3), fake_rank, env=env_for("stall-1", fake_rank.parent), on_records=got.extend,
+        launch_ranks(rank_spec(3), fake_rank, env=env_for("stall-1"), on_records=got.extend,
                      hang_timeout_s=2.0, poll_s=0.05)
     assert time.monotonic() - started < 6  # the others were still stepping: caught before they finished
 
 
 def test_launcher_gives_the_first_step_its_own_longer_timeout(fake_rank: Path) -> None:
     got: list[Any] = []
-    launch_ranks(rank_spec(2), fake_rank, env=env_for("slow-first-step", fake_rank.parent), on_records=got.extend,
+    launch_ranks(rank_spec(2), fake_rank, env=env_for("slow-first-step"), on_records=got.extend,
                  hang_timeout_s=1.0, first_step_timeout_s=10.0, poll_s=0.05)
     assert sorted(r.rank for r in got) == [0, 1]
 
@@ -196,12 +235,8 @@ def survivors(pids: list[int], within_s: float = 5.0) -> list[int]:
     return left
 
 
-def cmdline(proc: Path) -> str:
-    """A /proc entry's command line ('' for a process that exited since /proc was listed: any of the machine's)."""
-    try:
-        return Path(proc, "cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def spawned(folder: Path, world: int) -> list[int]:
@@ -209,28 +244,27 @@ def spawned(folder: Path, world: int) -> list[int]:
             if (folder / f"child{rank}.pid").exists()]
 
 
-def test_a_stop_kills_the_ranks_and_what_they_spawned_at_once(fake_rank: Path) -> None:
+def test_a_stop_kills_the_ranks_and_what_they_spawned_at_once(fake_rank: Path, forks: Zygote | None) -> None:
     got: list[Any] = []
     ranks: list[int] = []
 
     def stop() -> str | None:
         if len(spawned(fake_rank, 2)) < 2:
             return None
-        ranks.extend(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and str(fake_rank) in
-                     cmdline(p))
+        ranks.extend(parent(child) for child in spawned(fake_rank, 2))
         return "run 7 is cancelled"
 
     started = time.monotonic()
     with pytest.raises(RanksStopped, match="run 7 is cancelled"):
-        launch_ranks(rank_spec(2), fake_rank, env=env_for("spawn-and-wait", fake_rank.parent), on_records=got.extend,
+        launch_ranks(rank_spec(2), fake_rank, forks=forks, env=env_for("spawn-and-wait"), on_records=got.extend,
                      poll_s=0.05, stop=stop)
     assert time.monotonic() - started < 30  # the ranks sleep 60 s
     assert len(ranks) == 2 and survivors(ranks + spawned(fake_rank, 2)) == []
     assert sorted(r.rank for r in got) == [0, 1]  # what was handed on before the stop stays handed on
 
 
-def test_a_rank_that_exits_0_leaves_nothing_running(fake_rank: Path) -> None:
-    launch_ranks(rank_spec(2), fake_rank, env=env_for("spawn", fake_rank.parent), on_records=lambda records: None,
+def test_a_rank_that_exits_0_leaves_nothing_running(fake_rank: Path, forks: Zygote | None) -> None:
+    launch_ranks(rank_spec(2), fake_rank, forks=forks, env=env_for("spawn"), on_records=lambda records: None,
                  poll_s=0.05)
     children = spawned(fake_rank, 2)
     assert len(children) == 2 and survivors(children) == []
