@@ -1,0 +1,98 @@
+"""What forking ranks from the zygote saves: a job's runs (configs × repeats of a train workload) launched as the
+worker launches them, with ranks forked from the zygote against ranks started as fresh processes
+(DETLAB_FORK_RANKS=0, as before the zygote).
+
+One process per mode, `--rounds` of each, interleaved (fork, fresh, fork, fresh ...). Each process runs the whole
+job in turn and reports its wall time, the zygote's start (the first run of a worker pays it once) and every run's
+step digests; the digests of a config must be the same in both modes. Prints one line per process and a JSON
+summary with medians and spreads.
+
+    python bench/fork_ranks.py [--workload tiny-lm] [--steps 10] [--repeats 3] [--rounds 3] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONFIGS = {"default": ({}, {}),
+           "deterministic": ({"deterministic_algorithms": True, "cudnn_deterministic": True, "cudnn_benchmark": False},
+                             {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})}
+
+
+def job(workload: str, steps: int, repeats: int, device: str) -> dict[str, object]:
+    """In this process: every config's repeats, one launch each; wall times and digests."""
+    import torch
+
+    from detlab.core.wire import RankSpec, StepRecord
+    from detlab.worker import launch, zygote
+
+    world = max(torch.cuda.device_count(), 1) if device == "cuda" else 2
+    started = time.perf_counter()
+    forks = zygote.shared(launch.PRELOADED)
+    zygote_s = time.perf_counter() - started
+    digests: dict[str, list[list[str]]] = {}
+    for name, (flags, env) in CONFIGS.items():
+        spec = RankSpec.model_validate({"kind": "train", "workload": workload, "steps": steps, "seed": 0,
+                                        "world_size": world, "device": device, **({"torch": flags} if flags else {})})
+        for _ in range(repeats):
+            records: list[object] = []
+            with tempfile.TemporaryDirectory() as tmp:
+                launch.launch_ranks(spec, Path(tmp), env=lambda _rank, env=env: {**os.environ, **env},
+                                    on_records=records.extend, timeout_s=600, forks=forks)
+            digests.setdefault(name, []).append(sorted(f"{r.step}/{r.rank}/{r.model_digest}" for r in records
+                                                       if isinstance(r, StepRecord)))
+    return {"job_s": time.perf_counter() - started, "zygote_s": zygote_s if forks else 0.0,
+            "forked": forks is not None and len(forks.exits) > 0, "world_size": world, "digests": digests}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="tiny-lm")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--one", choices=["fork", "fresh"], help=argparse.SUPPRESS)  # a measuring process
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(job(args.workload, args.steps, args.repeats, args.device)))
+        return
+    results: dict[str, list[dict[str, object]]] = {"fork": [], "fresh": []}
+    for _ in range(args.rounds):
+        for mode in results:
+            env = {**os.environ, "DETLAB_FORK_RANKS": "1" if mode == "fork" else "0"}
+            out = subprocess.run([sys.executable, __file__, "--one", mode, "--workload", args.workload,
+                                  "--steps", str(args.steps), "--repeats", str(args.repeats), "--device", args.device],
+                                 env=env, check=True, capture_output=True, text=True).stdout
+            result = json.loads(out.splitlines()[-1])
+            results[mode].append(result)
+            print(mode, f"job {result['job_s']:.2f} s", f"zygote start {result['zygote_s']:.2f} s", flush=True)
+    first = results["fresh"][0]["digests"]
+    same = all(r["digests"] == first for rs in results.values() for r in rs)
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+                "max": round(max(values), 3)}
+
+    fork_job = [float(r["job_s"]) for r in results["fork"]]  # type: ignore[arg-type]
+    fork_warm = [float(r["job_s"]) - float(r["zygote_s"]) for r in results["fork"]]  # type: ignore[arg-type]
+    fresh_job = [float(r["job_s"]) for r in results["fresh"]]  # type: ignore[arg-type]
+    print(json.dumps({
+        "workload": args.workload, "steps": args.steps, "configs": len(CONFIGS), "repeats": args.repeats,
+        "world_size": results["fresh"][0]["world_size"], "device": args.device, "processes_per_mode": args.rounds,
+        "job_s": {"fresh": spread(fresh_job), "fork": spread(fork_job), "fork_zygote_warm": spread(fork_warm)},
+        "every_fork_process_forked": all(r["forked"] for r in results["fork"]),
+        "same_digests_in_both_modes": same,
+    }))
+
+
+if __name__ == "__main__":
+    main()
