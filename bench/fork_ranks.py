@@ -4,8 +4,8 @@ worker launches them, with ranks forked from the zygote against ranks started as
 
 One process per mode, `--rounds` of each, interleaved (fork, fresh, fork, fresh ...). Each process runs the whole
 job in turn and reports its wall time, the zygote's start (the first run of a worker pays it once) and every run's
-step digests; the digests of a config must be the same in both modes. Prints one line per process and a JSON
-summary with medians and spreads.
+step digests: the deterministic config's runs must have the same digests in both modes. Prints one line per
+process and a JSON summary with medians and spreads.
 
     python bench/fork_ranks.py [--workload tiny-lm] [--steps 10] [--repeats 3] [--rounds 3] [--device cuda]
 """
@@ -75,8 +75,12 @@ def main() -> None:
             result = json.loads(out.splitlines()[-1])
             results[mode].append(result)
             print(mode, f"job {result['job_s']:.2f} s", f"zygote start {result['zygote_s']:.2f} s", flush=True)
-    first = results["fresh"][0]["digests"]
-    same = all(r["digests"] == first for rs in results.values() for r in rs)
+    # The deterministic config's runs must all be alike, whichever way their ranks started; the default config's
+    # repeats may part on a GPU (that is what detlab finds), so they are only reported.
+    runs = {mode: [run for r in rs for run in r["digests"]["deterministic"]] for mode, rs in results.items()}  # type: ignore[index]
+    same = all(run == runs["fresh"][0] for mode_runs in runs.values() for run in mode_runs)
+    default_alike = {mode: all(r["digests"]["default"][i] == r["digests"]["default"][0]  # type: ignore[index]
+                               for r in rs for i in range(args.repeats)) for mode, rs in results.items()}
 
     def spread(values: list[float]) -> dict[str, float]:
         return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
@@ -90,7 +94,8 @@ def main() -> None:
         "world_size": results["fresh"][0]["world_size"], "device": args.device, "processes_per_mode": args.rounds,
         "job_s": {"fresh": spread(fresh_job), "fork": spread(fork_job), "fork_zygote_warm": spread(fork_warm)},
         "every_fork_process_forked": all(r["forked"] for r in results["fork"]),
-        "same_digests_in_both_modes": same,
+        "deterministic_config_same_digests_in_both_modes": same,
+        "default_config_repeats_identical": default_alike,
     }))
 
 
