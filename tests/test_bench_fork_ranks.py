@@ -16,4 +16,5 @@ def test_the_fork_ranks_bench_runs_tiny_on_the_cpu_and_both_modes_give_the_same_
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["deterministic_config_same_digests_in_both_modes"] and result["every_fork_process_forked"]
     assert (result["configs"], result["repeats"], result["world_size"]) == (2, 1, 2)
-    assert set(result["job_s"]) == {"fresh", "fork", "fork_zygote_warm"}
+    assert set(result["job_s"]) == {"bare_scripts", "fresh", "fork", "fork_zygote_warm"}
+    assert result["fork_over_bare"] > 0 and result["fresh_over_bare"] > 0
