@@ -3,7 +3,9 @@
 Used by the worker's runner (one claimed run) and by `detlab verify-collective` (no server). Each
 rank is `python -m <program> spec.json` with torchrun's variables (MASTER_ADDR, MASTER_PORT, RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE) on top of the environment its caller gives it, and appends
-`Record` lines to `rank<r>.jsonl` in the run's folder; its stdout and stderr go to `rank<r>.stderr`.
+`Record` lines to `rank<r>.jsonl` in the run's folder; its stdout and stderr go to `rank<r>.stderr`, its pid to
+`rank<r>.pid`. Ranks of detlab's own rank programs are forked from a zygote where their environment allows
+(detlab.worker.zygote).
 Each rank leads a process group of its own, and the whole group is killed when the ranks end, however
 they end (done, failed, hung, or stopped because the server cancelled the run).
 """
@@ -203,12 +205,14 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
             if module and forks and forks.forkable(module, envs[rank]):
                 out.write_bytes(b"")
                 procs.append(forks.fork(module, [str(spec_path)], envs[rank], str(cwd or Path.cwd()), str(out)))
-                continue
-            with out.open("wb") as err:  # the child keeps its own copy
-                command = list(argv) if argv else [sys.executable, "-m", RANK_PROGRAMS[spec.kind], str(spec_path)]
-                procs.append(subprocess.Popen(command, env=envs[rank], cwd=cwd, stdout=err, stderr=subprocess.STDOUT,
-                                              start_new_session=True,
-                                              preexec_fn=die_with_parent if tie_to_parent else None))
+            else:
+                with out.open("wb") as err:  # the child keeps its own copy
+                    command = list(argv) if argv else [sys.executable, "-m", RANK_PROGRAMS[spec.kind], str(spec_path)]
+                    procs.append(subprocess.Popen(command, env=envs[rank], cwd=cwd, stdout=err,
+                                                  stderr=subprocess.STDOUT, start_new_session=True,
+                                                  preexec_fn=die_with_parent if tie_to_parent else None))
+            # Which process is which rank (a forked rank's command line is its zygote's): for operators and tests.
+            (folder / f"rank{rank}.pid").write_text(str(procs[-1].pid))
         started = time.monotonic()
         first_step_s = max(first_step_timeout_s or 0.0, hang_timeout_s) if hang_timeout_s is not None else None
         while True:

@@ -200,21 +200,30 @@ def shared_embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]
         yield stack
 
 
+def rank_pids(run_id: int, under: Path) -> dict[int, int]:
+    """rank -> pid of the run's rank processes, as the launcher wrote them into the run's folder (which lies
+    `under` the stack's TMPDIR: another stack's run with the same id is not this one); running or not."""
+    pids = {}
+    for path in under.glob(f"{SPOOL_PREFIX}{run_id}-*/rank*.pid"):
+        try:
+            pids[int(path.stem.removeprefix("rank"))] = int(path.read_text())
+        except (OSError, ValueError):
+            continue  # being written, or its folder removed while we looked
+    return pids
+
+
 def rank_processes(run_id: int, under: Path) -> dict[int, int]:
-    """pid -> process group of every running process of the run: its ranks (found by their run folder, which
-    lies `under` the stack's TMPDIR: another stack's run with the same id is not this one) and whatever shares
-    their process groups."""
-    marker = f"{under}/{SPOOL_PREFIX}{run_id}-"
-    procs: dict[int, tuple[int, str]] = {}
+    """pid -> process group of every running process of the run: its ranks (each leads a process group) and
+    whatever shares their process groups."""
+    groups = set(rank_pids(run_id, under).values())
+    procs: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue  # exited while we looked
         if stat[0] != "Z":  # a zombie is dead, waiting to be reaped
-            procs[int(entry.name)] = (int(stat[2]), cmdline)
-    groups = {pgid for pgid, cmd in procs.values() if "detlab.worker.ranks" in cmd and marker in cmd}
-    return {pid: pgid for pid, (pgid, _) in procs.items() if pgid in groups}
+            procs[int(entry.name)] = int(stat[2])
+    return {pid: pgid for pid, pgid in procs.items() if pgid in groups}

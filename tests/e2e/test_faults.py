@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from detlab.worker.runner import SPOOL_PREFIX
-from tests.e2e.conftest import Stack, distributed_stack, read_job, wait_for
+from tests.e2e.conftest import Stack, distributed_stack, rank_pids, read_job, wait_for
 from tests.services import PostgresServer, RedisServer
 from tests.waiting import wait_steady
 
@@ -234,11 +234,11 @@ def spooled_steps(folder: Path) -> Steps:
 
 
 def rank_pid(stack: Stack, run_id: int, rank: int) -> int:
-    """The pid of the run's rank process `rank` (a group leader whose RANK is `rank`)."""
-    for pid, pgid in stack.ranks(run_id).items():
-        if pid == pgid and f"\0RANK={rank}\0".encode() in b"\0" + Path(f"/proc/{pid}/environ").read_bytes():
-            return pid
-    raise LookupError(f"no process of rank {rank} of run {run_id}")
+    """The pid of the run's running rank process `rank`."""
+    pid = rank_pids(run_id, stack.spool_root).get(rank)
+    if pid is None or pid not in stack.ranks(run_id):
+        raise LookupError(f"no process of rank {rank} of run {run_id}")
+    return pid
 
 
 def test_hung_rank_fails_the_run_naming_it_with_its_output_and_keeps_every_recorded_step(
