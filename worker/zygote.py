@@ -183,7 +183,12 @@ def serve(modules: list[str]) -> int:
                     os.close(led)
                     os.setsid()
                     os.close(leading)
-                    _exit(_child(request))
+                    try:
+                        code = _child(request)
+                    except BaseException:  # setting up failed (no folder, no file): never back into the loop
+                        traceback.print_exc()
+                        code = 1
+                    _exit(code)
                 os.close(leading)
                 os.read(led, 1)  # EOF: the child is in its own session (or already gone)
                 os.close(led)
@@ -224,9 +229,9 @@ class Zygote:
         assert self._proc.stdout is not None and self._proc.stdin is not None
         self._stdin: IO[bytes] = self._proc.stdin
         self._ready = threading.Event()
-        self._problem: str | None = None
+        self._loaded, self._problem = False, None
         threading.Thread(target=self._read, args=(self._proc.stdout,), name="detlab-zygote", daemon=True).start()
-        if not self._ready.wait(READY_TIMEOUT_S) or self._problem or self._proc.poll() is not None:
+        if not self._ready.wait(READY_TIMEOUT_S) or not self._loaded:
             self.close()
             raise ZygoteGone(f"the zygote did not load: {self._problem or 'exited or took too long'}")
 
@@ -235,7 +240,7 @@ class Zygote:
             message = json.loads(line)
             with self._changed:
                 if "ready" in message:
-                    self._problem = message.get("error")
+                    self._loaded, self._problem = message["ready"] is True, message.get("error")
                     self._ready.set()
                 elif "exit" in message:
                     self.exits[message["pid"]] = message["exit"]
@@ -243,7 +248,8 @@ class Zygote:
                     self._replies[message["id"]] = message
                 self._changed.notify_all()
         with self._changed:
-            self._changed.notify_all()  # the zygote is gone: waiters see it
+            self._ready.set()  # the zygote is gone: a start still waiting sees it at once
+            self._changed.notify_all()
 
     def alive(self) -> bool:
         return self._proc.poll() is None

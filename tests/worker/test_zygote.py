@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from detlab.core.wire import RankSpec, StepRecord
 from detlab.worker import launch
 from detlab.worker.launch import launch_ranks
-from detlab.worker.zygote import LAZY_ENV, Zygote, only_lazy_differences
+from detlab.worker.zygote import LAZY_ENV, READY_TIMEOUT_S, Zygote, ZygoteGone, only_lazy_differences
 from tests.worker.test_runner import survivors
 
 PROGRAM = """
@@ -131,3 +132,16 @@ def test_a_worker_forks_its_ranks_from_one_zygote_and_starts_a_fresh_one_when_it
     assert first is not None and len(first.exits) >= 2
     monkeypatch.setenv("DETLAB_SOMETHING_NEW", "1")
     assert launch.zygote.shared(launch.PRELOADED) is not first and not first.alive()
+
+
+def test_a_rank_that_cannot_be_set_up_exits_1_and_the_zygote_serves_on(programs: Zygote, tmp_path: Path) -> None:
+    unwritable = tmp_path / "no-such-folder" / "out"
+    assert programs.fork("zprogram", ["ok"], programs.env, str(tmp_path), str(unwritable)).wait() == 1
+    assert programs.fork("zprogram", ["ok"], programs.env, str(tmp_path), str(tmp_path / "out")).wait() == 0
+
+
+def test_a_zygote_that_cannot_load_is_refused_at_once() -> None:
+    started = time.monotonic()
+    with pytest.raises(ZygoteGone, match="did not load"):
+        Zygote(["detlab_no_such_module"])
+    assert time.monotonic() - started < READY_TIMEOUT_S / 2
