@@ -207,7 +207,7 @@ def launch_ranks(spec: RankSpec, folder: Path, *, env: Callable[[int], dict[str,
                 procs.append(forks.fork(module, [str(spec_path)], envs[rank], str(cwd or Path.cwd()), str(out)))
             else:
                 with out.open("wb") as err:  # the child keeps its own copy
-                    command = list(argv) if argv else [sys.executable, "-m", RANK_PROGRAMS[spec.kind], str(spec_path)]
+                    command = list(argv) if argv else [sys.executable, "-m", str(module), str(spec_path)]
                     procs.append(subprocess.Popen(command, env=envs[rank], cwd=cwd, stdout=err,
                                                   stderr=subprocess.STDOUT, start_new_session=True,
                                                   preexec_fn=die_with_parent if tie_to_parent else None))

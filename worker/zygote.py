@@ -219,10 +219,9 @@ class Zygote:
         self.modules = tuple(modules)
         self.env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
         self.lazy_env = LAZY_ENV | frozenset(lazy_env)
-        self._lock = threading.Lock()
         self._replies: dict[int, dict[str, Any]] = {}
         self.exits: dict[int, int] = {}  # pid -> exit code of each forked rank that ended
-        self._changed = threading.Condition(self._lock)
+        self._changed = threading.Condition()
         self._next_id = 0
         self._proc = subprocess.Popen([sys.executable, "-m", "detlab.worker.zygote", *self.modules],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env)

@@ -135,9 +135,9 @@ def fake_rank(fake_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.fixture(scope="module")
 def fake_zygote(fake_root: Path) -> Iterator[Zygote]:
-    """A zygote that forks fakeranks.rank (as a worker's forks its rank programs)."""
+    """A zygote that forks fakeranks.rank (as a worker's forks its rank programs), in the environment fake_rank
+    gives the tests."""
     zygote = Zygote(["fakeranks.rank"], env={**os.environ, "PYTHONPATH": python_path(fake_root)}, lazy_env=["FAKE"])
-    # the tests' environment, as fake_rank sets it
     yield zygote
     zygote.close()
 
