@@ -61,6 +61,20 @@ def get_sessionmaker() -> sessionmaker[Session]:
     return sessionmaker(get_engine(), expire_on_commit=False)
 
 
+def locking(session: Session) -> bool:
+    """Make what this transaction reads from here on stay as read until it commits, so that two requests changing
+    one run (a claim, a cancel, two ranks closing one recording) wait for each other instead of one overwriting
+    the other. PostgreSQL locks rows: True, and the caller reads them FOR UPDATE. SQLite has no row locks and
+    reads outside a transaction: its write lock is taken now (BEGIN IMMEDIATE; a concurrent writer waits up to
+    busy_timeout), and False."""
+    if session.get_bind().dialect.name == "postgresql":
+        return True
+    connection = session.connection().connection.driver_connection
+    if connection is not None and not connection.in_transaction:  # already writing: the lock is held
+        connection.execute("BEGIN IMMEDIATE")
+    return False
+
+
 def get_session() -> Iterator[Session]:
     with get_sessionmaker()() as session:
         yield session

@@ -21,6 +21,7 @@ from detlab.backend.api.deps import (
     SettingsDep,
     WorkerCaller,
 )
+from detlab.backend.db import locking
 from detlab.backend.models import Run, utcnow
 from detlab.backend.services import ingest, recordings, workers
 from detlab.backend.services.dispatch import send, undispatch
@@ -46,8 +47,8 @@ router = APIRouter(prefix="/api/v1/ingest", tags=["ingest"], dependencies=[Inges
 
 
 def _run(session: SessionDep, run_id: int) -> Run:
-    # Row lock on PostgreSQL so two workers cannot claim or finish one run at once.
-    run = session.get(Run, run_id, with_for_update=session.get_bind().dialect.name == "postgresql")
+    # Locked so that two writers cannot claim, finish or close one run at once.
+    run = session.get(Run, run_id, with_for_update=locking(session) or None, populate_existing=True)
     if run is None:
         raise HTTPException(404, f"no run {run_id}")
     return run

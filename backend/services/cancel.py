@@ -7,17 +7,13 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from detlab.backend.db import locking
 from detlab.backend.models import CANCELLED, FINISHED, RUNNING, Job, Run, utcnow
 from detlab.backend.services.settle import settle
 
 
 class NotCancellable(Exception):
     """The job or run already finished otherwise; the message says how."""
-
-
-def _locking(session: Session) -> bool:
-    # Row locks on PostgreSQL, as a claim takes them: a claim racing a cancel waits, then sees `cancelled`.
-    return session.get_bind().dialect.name == "postgresql"
 
 
 def _cancel(run: Run, user: str | None) -> None:
@@ -29,7 +25,8 @@ def _cancel(run: Run, user: str | None) -> None:
 def cancel_job(*, session: Session, job: Job, user: str | None) -> Job:
     """Cancel every unfinished run of the job. Cancelling a cancelled job again changes nothing."""
     query = select(Run).where(Run.job_id == job.id).order_by(Run.id).execution_options(populate_existing=True)
-    runs = list(session.scalars(query.with_for_update() if _locking(session) else query))
+    # locked as a claim locks its run: a claim racing a cancel waits, then sees `cancelled`
+    runs = list(session.scalars(query.with_for_update() if locking(session) else query))
     unfinished = [run for run in runs if run.status not in FINISHED]
     for run in unfinished:
         _cancel(run, user)
@@ -41,7 +38,7 @@ def cancel_job(*, session: Session, job: Job, user: str | None) -> Job:
 
 def cancel_run(*, session: Session, run: Run, user: str | None) -> Run:
     """Cancel one run (its job goes on with the others). Cancelling a cancelled run again changes nothing."""
-    session.refresh(run, with_for_update=_locking(session) or None)
+    session.refresh(run, with_for_update=locking(session) or None)
     if run.status == CANCELLED:
         return run
     if run.status in FINISHED:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
 
+from detlab.backend.api import ingest as api_ingest
+from detlab.backend.api.deps import IngestCaller
 from detlab.backend.models import Job, Run, StepRecord
+from detlab.backend.services import recordings
 from detlab.backend.services.reconcile import reconcile
 from detlab.core.settings import Settings
+from detlab.core.wire import RecordingClose
 
 TOKEN = "t" * 32
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -75,6 +83,38 @@ def test_a_recording_is_fed_closed_by_every_rank_and_then_judged(client: TestCli
     assert closed.json() == {"status": "succeeded"}
     job = client.get(f"/api/v1/jobs/{opened['job_id']}").json()
     assert job["status"] == "succeeded"
+
+
+@pytest.mark.both_databases
+def test_two_ranks_closing_at_once_both_count(client: TestClient, engine: Engine,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 closes while rank 0's close is between reading the closed ranks and committing. Each request has its
+    own session, as the server gives it. Before the run was locked on SQLite (the embedded default), rank 1 read
+    the ranks closed so far before rank 0 committed, and the last commit dropped the other's rank: the recording
+    stayed running for good (CI, tests/sdk/test_online.py)."""
+    run_id = client.post("/api/v1/ingest/recordings", json=opening(), headers=AUTH).json()["run_id"]
+    caller = IngestCaller(name=None, worker=True)
+    inside, real = threading.Event(), recordings.close_rank
+
+    def slow_close(**kw: Any) -> None:
+        real(**kw)
+        if kw["body"].rank == 0:
+            inside.set()
+            time.sleep(1.0)  # rank 1's request arrives meanwhile
+
+    monkeypatch.setattr(recordings, "close_rank", slow_close)
+
+    def close(rank: int) -> None:
+        with sessionmaker(engine, expire_on_commit=False)() as own:
+            api_ingest.close_recording(run_id, RecordingClose(rank=rank, status="succeeded"), own, caller)
+
+    first = threading.Thread(target=close, args=(0,))
+    first.start()
+    assert inside.wait(30)
+    close(1)
+    first.join(30)
+    with sessionmaker(engine)() as fresh:
+        assert fresh.get(Run, run_id).status == "succeeded"
 
 
 def test_one_failed_rank_fails_the_recording_with_its_error(client: TestClient) -> None:
