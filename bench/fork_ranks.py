@@ -3,12 +3,16 @@ worker launches them, with ranks forked from the zygote against ranks started as
 (DETLAB_FORK_RANKS=0, as before the zygote), and against the same training as bare scripts (no detlab; issue 23's
 time to verdict is the job's time over theirs).
 
-One process per mode, `--rounds` of each, interleaved (fork, fresh, bare, fork ...). Each process runs the whole
-job in turn and reports its wall time, the zygote's start (the first run of a worker pays it once) and every run's
-step digests: the deterministic config's runs must have the same digests in both modes. Prints one line per
-process and a JSON summary with medians and spreads.
+One process per mode, `--rounds` of each, interleaved (fork, fresh, bare, server, fork ...). Each process runs
+the whole job in turn and reports its wall time, the zygote's start (the first run of a worker pays it once) and
+every run's step digests: the deterministic config's runs must have the same digests in both modes. Mode `server`
+is the job as a user submits it: `detlab up` (embedded: SQLite, its broker, one worker) started and answering
+first, then the job's time from its submission through the API to its stored result (dispatch, the worker's
+zygote start, the runs, ingest, settle); the deterministic config's repeats must read identical there. Prints one
+line per process and a JSON summary with medians and spreads.
 
     python bench/fork_ranks.py [--workload tiny-lm] [--steps 10] [--repeats 3] [--rounds 3] [--device cuda]
+                               [--modes fork,fresh,bare,server]
 """
 
 from __future__ import annotations
@@ -110,6 +114,58 @@ def job(workload: str, steps: int, repeats: int, device: str) -> dict[str, objec
             "forked": forks is not None and len(forks.exits) > 0, "world_size": world, "digests": digests}
 
 
+def server_job(workload: str, steps: int, repeats: int, device: str) -> dict[str, object]:
+    """`detlab up` on a free port of 127.0.0.1 and a data folder of its own; once its worker is live, the job
+    through the API: job_s from the submission to the job's result, start_s the server's start until then."""
+    import httpx
+    import torch
+
+    from detlab.worker.launch import free_port
+
+    world = max(torch.cuda.device_count(), 1) if device == "cuda" else 2
+    configs = [{"name": name, "torch": flags, "env": env} for name, (flags, env) in CONFIGS.items()]
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as data, open(Path(data) / "up.log", "w+") as log:
+        up = subprocess.Popen([sys.executable, "-m", "detlab.cli", "up", "--port", url.rsplit(":", 1)[1],
+                               "--data-dir", data], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            with httpx.Client(base_url=url, timeout=30) as api:
+                def answered(path: str) -> httpx.Response | None:
+                    if up.poll() is not None:
+                        log.seek(0)
+                        raise RuntimeError(f"detlab up exited {up.returncode}: {log.read()[-3000:]}")
+                    try:
+                        return api.get(path)
+                    except httpx.TransportError:
+                        return None
+
+                while (live := answered("/api/v1/health")) is None or live.status_code != 200:  # a live worker
+                    time.sleep(0.2)
+                start_s = time.perf_counter() - started
+                submitted = time.perf_counter()
+                created = api.post("/api/v1/jobs", json={"workload": workload, "configs": configs, "world_size": world,
+                                                        "steps": steps, "repeats": repeats})
+                created.raise_for_status()
+                job_id = created.json()["id"]
+                while (read := answered(f"/api/v1/jobs/{job_id}")) is None or read.json()["status"] in ("queued",
+                                                                                                       "running"):
+                    time.sleep(0.1)
+                job_s = time.perf_counter() - submitted
+                job = read.json()
+                result = api.get(job["result_path"]).json() if job["result_path"] else {}
+        finally:
+            up.terminate()
+            up.wait(timeout=60)
+    identical = {row["name"]: [row["identical_to_first"], row["comparable"]]
+                 for row in result.get("reproducibility", [])}
+    return {"job_s": job_s, "zygote_s": 0.0, "start_s": start_s, "world_size": world, "status": job["status"],
+            "identical_to_first_of_comparable": identical}
+
+
+MODES = {"fork": job, "fresh": job, "bare": bare_job, "server": server_job}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="tiny-lm")
@@ -117,49 +173,57 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--one", choices=["fork", "fresh", "bare"], help=argparse.SUPPRESS)  # a measuring process
+    parser.add_argument("--modes", default=",".join(MODES), help="which of fork, fresh, bare, server (fork and "
+                        "fresh are compared with each other, the others with bare)")
+    parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a measuring process
     args = parser.parse_args()
     if args.one:
-        measure = bare_job if args.one == "bare" else job
-        print(json.dumps(measure(args.workload, args.steps, args.repeats, args.device)))
+        print(json.dumps(MODES[args.one](args.workload, args.steps, args.repeats, args.device)))
         return
-    results: dict[str, list[dict[str, object]]] = {"fork": [], "fresh": [], "bare": []}
+    results: dict[str, list[dict[str, object]]] = {mode: [] for mode in args.modes.split(",")}
+    if not results or not set(results) <= set(MODES) or "bare" not in results:
+        parser.error(f"--modes: some of {', '.join(MODES)}, bare among them")
     for _ in range(args.rounds):
         for mode in results:
-            env = {**os.environ, "DETLAB_FORK_RANKS": "1" if mode == "fork" else "0"}
+            env = {**os.environ, "DETLAB_FORK_RANKS": "0" if mode == "fresh" else "1"}
             out = subprocess.run([sys.executable, __file__, "--one", mode, "--workload", args.workload,
                                   "--steps", str(args.steps), "--repeats", str(args.repeats), "--device", args.device],
                                  env=env, check=True, capture_output=True, text=True).stdout
             result = json.loads(out.splitlines()[-1])
             results[mode].append(result)
             print(mode, f"job {result['job_s']:.2f} s", f"zygote start {result['zygote_s']:.2f} s", flush=True)
-    # The deterministic config's runs must all be alike, whichever way their ranks started; the default config's
-    # repeats may part on a GPU (that is what detlab finds), so they are only reported.
-    recorded = {mode: rs for mode, rs in results.items() if mode != "bare"}
-    runs = {mode: [run for r in rs for run in r["digests"]["deterministic"]] for mode, rs in recorded.items()}  # type: ignore[index]
-    same = all(run == runs["fresh"][0] for mode_runs in runs.values() for run in mode_runs)
-    default_alike = {mode: all(r["digests"]["default"][i] == r["digests"]["default"][0]  # type: ignore[index]
-                               for r in rs for i in range(args.repeats)) for mode, rs in recorded.items()}
 
     def spread(values: list[float]) -> dict[str, float]:
         return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
                 "max": round(max(values), 3)}
 
-    fork_job = [float(r["job_s"]) for r in results["fork"]]  # type: ignore[arg-type]
-    fork_warm = [float(r["job_s"]) - float(r["zygote_s"]) for r in results["fork"]]  # type: ignore[arg-type]
-    fresh_job = [float(r["job_s"]) for r in results["fresh"]]  # type: ignore[arg-type]
-    bare_job_s = [float(r["job_s"]) for r in results["bare"]]  # type: ignore[arg-type]
-    print(json.dumps({
+    job_s = {mode: [float(r["job_s"]) for r in rs] for mode, rs in results.items()}  # type: ignore[arg-type]
+    bare = statistics.median(job_s.pop("bare"))
+    summary: dict[str, object] = {
         "workload": args.workload, "steps": args.steps, "configs": len(CONFIGS), "repeats": args.repeats,
-        "world_size": results["fresh"][0]["world_size"], "device": args.device, "processes_per_mode": args.rounds,
-        "job_s": {"bare_scripts": spread(bare_job_s), "fresh": spread(fresh_job), "fork": spread(fork_job),
-                  "fork_zygote_warm": spread(fork_warm)},
-        "fork_over_bare": round(statistics.median(fork_job) / statistics.median(bare_job_s), 3),
-        "fresh_over_bare": round(statistics.median(fresh_job) / statistics.median(bare_job_s), 3),
-        "every_fork_process_forked": all(r["forked"] for r in results["fork"]),
-        "deterministic_config_same_digests_in_both_modes": same,
-        "default_config_repeats_identical": default_alike,
-    }))
+        "world_size": results["bare"][0]["world_size"], "device": args.device, "processes_per_mode": args.rounds,
+        "job_s": {"bare_scripts": spread([float(r["job_s"]) for r in results["bare"]]),  # type: ignore[arg-type]
+                  **{mode: spread(times) for mode, times in job_s.items()}},
+        **{f"{mode}_over_bare": round(statistics.median(times) / bare, 3) for mode, times in job_s.items()}}
+    if "fork" in results:
+        summary["job_s"]["fork_zygote_warm"] = spread([float(r["job_s"]) - float(r["zygote_s"])  # type: ignore[index]
+                                                       for r in results["fork"]])
+        summary["every_fork_process_forked"] = all(r["forked"] for r in results["fork"])
+    # The deterministic config's runs must all be alike, whichever way their ranks started; the default config's
+    # repeats may part on a GPU (that is what detlab finds), so they are only reported.
+    recorded = {mode: rs for mode, rs in results.items() if mode in ("fork", "fresh")}
+    if recorded:
+        runs = [run for rs in recorded.values() for r in rs for run in r["digests"]["deterministic"]]  # type: ignore[index]
+        summary["deterministic_config_same_digests_in_both_modes"] = all(run == runs[0] for run in runs)
+        summary["default_config_repeats_identical"] = {
+            mode: all(r["digests"]["default"][i] == r["digests"]["default"][0]  # type: ignore[index]
+                      for r in rs for i in range(args.repeats)) for mode, rs in recorded.items()}
+    if "server" in results:
+        summary["server_start_s"] = spread([float(r["start_s"]) for r in results["server"]])  # type: ignore[arg-type]
+        summary["server_job_status"] = [r["status"] for r in results["server"]]
+        summary["server_identical_to_first_of_comparable"] = [r["identical_to_first_of_comparable"]
+                                                              for r in results["server"]]
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
