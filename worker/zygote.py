@@ -73,18 +73,21 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 # --- the zygote process ---------------------------------------------------------------------------------------
 
 def _preload(modules: Iterable[str]) -> None:
-    """Import what ranks use, and load the CPU fingerprint kernel from numba's disk cache (no torch op, no
-    thread pool, no CUDA)."""
+    """Import what ranks use, and load the CPU fingerprint and sketch kernels from numba's disk cache (no torch
+    op, no thread pool, no CUDA)."""
     for module in (*modules, *LATE_IMPORTS):
         importlib.import_module(module)
     try:
         import numpy as np
 
+        from detlab.tensors import drift_numba
         from detlab.tensors.fingerprint import cpu_impl
     except ImportError:
         return
     if cpu_impl.available():
         cpu_impl.fingerprint_array(np.zeros(8, dtype=np.uint8))
+    if drift_numba.available():
+        drift_numba.warm()
 
 
 def _child(request: dict[str, Any]) -> int:

@@ -1,5 +1,6 @@
-"""The batched torch statistics and sketches (detlab.tensors.drift) equal the element-by-element reference
-(detlab.core.sketch) for every dtype, across chunk boundaries, and are deterministic on CPU."""
+"""The statistics and sketches (detlab.tensors.drift) equal the element-by-element reference (detlab.core.sketch)
+for every dtype, across chunk boundaries, and are deterministic on CPU: both CPU passes, torch's and the compiled
+kernel's (detlab.tensors.drift_numba, which the recorder runs on its writer thread where numba is installed)."""
 
 from __future__ import annotations
 
@@ -8,47 +9,88 @@ import pytest
 import torch
 
 from detlab.core import sketch
-from detlab.tensors import drift
+from detlab.tensors import drift, drift_numba
+
+
+@pytest.fixture(params=["torch", "numba"])
+def cpu_pass(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which CPU pass a Sketcher runs: torch's (DETLAB_FP_NUMBA=0, or no numba) or the compiled kernel."""
+    if request.param == "numba" and not drift_numba.available():
+        pytest.skip("needs numba")
+    monkeypatch.setenv("DETLAB_FP_NUMBA", "1" if request.param == "numba" else "0")
+    return str(request.param)
 
 
 def tensors() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return [torch.randn(3 * sketch.COLUMNS + 5, generator=g), torch.randn(7, 9, generator=g).to(torch.bfloat16),
             torch.zeros(0), torch.randn(50, generator=g, dtype=torch.float64).t(), torch.tensor(7),
-            torch.randn(4, 300, generator=g)[:, ::3]]  # not contiguous
+            torch.randn(4, 300, generator=g)[:, ::3],  # not contiguous
+            torch.randn(5, 3, generator=g).half(), torch.randn(20, generator=g, dtype=torch.complex64),
+            -torch.rand(2 * sketch.COLUMNS, generator=g)]  # every row's max |x| is its min
 
 
 def reference(ts: list[torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
-    arrays = [t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy() for t in ts]
+    arrays = [(torch.view_as_real(t) if t.is_complex() else t).double().numpy() for t in ts]
     return (np.stack([sketch.stats_reference(a) for a in arrays]),
             np.stack([sketch.sketch_reference(a, i) for i, a in enumerate(arrays)]))
 
 
-@pytest.mark.parametrize("chunk_rows", [1, 2, drift.CHUNK_ROWS])
-def test_the_batched_pass_equals_the_reference(chunk_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(drift, "CHUNK_ROWS", chunk_rows)  # a tensor split over chunks, and chunks holding several
-    found = drift.Sketcher().submit(tensors())()
+def assert_reference(found: tuple[bytes, bytes] | None) -> None:
     assert found is not None
     stats, sk = reference(tensors())
     np.testing.assert_allclose(sketch.unpack_stats(found[0]), stats, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(sketch.unpack_sketch(found[1]), sk, rtol=1e-12, atol=1e-12)
 
 
-def test_two_passes_over_equal_tensors_are_bit_equal() -> None:
+@pytest.mark.parametrize("chunk_rows", [1, 2, drift.CHUNK_ROWS])
+def test_the_torch_pass_equals_the_reference(chunk_rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DETLAB_FP_NUMBA", "0")
+    monkeypatch.setattr(drift, "CHUNK_ROWS", chunk_rows)  # a tensor split over chunks, and chunks holding several
+    assert_reference(drift.Sketcher().submit(tensors())())
+
+
+@pytest.mark.skipif(not drift_numba.available(), reason="needs numba")
+def test_the_compiled_kernel_equals_the_reference_and_the_sketcher_runs_it_on_the_cpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ts = tensors()
+    found = drift_numba.values(drift_numba.row_maps(drift._numels(ts), range(len(ts))), ts)
+    assert_reference((sketch.pack(found[:, : sketch.STATS]), sketch.pack(found[:, sketch.STATS :])))
+
+    def torch_pass(*_: object) -> None:
+        raise AssertionError("the torch pass ran")
+
+    monkeypatch.setattr(drift, "compute", torch_pass)
+    monkeypatch.delenv("DETLAB_FP_NUMBA", raising=False)
+    assert_reference(drift.Sketcher().submit(tensors())())
+    assert_reference(drift.Sketcher().submit(tensors(), defer_cpu=True)())
+
+
+def test_two_passes_over_equal_tensors_are_bit_equal(cpu_pass: str) -> None:
     sketcher = drift.Sketcher()
     assert sketcher.submit(tensors())() == drift.Sketcher().submit([t.clone() for t in tensors()])()
 
 
-def test_a_tensor_holding_nan_gives_no_drift_data() -> None:
-    assert drift.Sketcher().submit([torch.ones(3), torch.tensor([1.0, float("nan")])])() is None
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_tensor_holding_nan_or_inf_gives_no_drift_data(cpu_pass: str, bad: float) -> None:
+    assert drift.Sketcher().submit([torch.ones(3), torch.tensor([1.0, bad])])() is None
 
 
-def test_the_result_is_what_the_tensors_held_when_submitted() -> None:
+def test_the_result_is_what_the_tensors_held_when_submitted(cpu_pass: str) -> None:
     t = torch.ones(10)
     read = drift.Sketcher().submit([t])
     t.add_(1)  # on CPU the work ran at the call; on CUDA it is queued before the change in stream order
     found = read()
     assert found is not None and sketch.unpack_stats(found[0])[0, 0] == 10.0
+
+
+def test_a_deferred_pass_runs_when_read(cpu_pass: str) -> None:
+    """defer_cpu (the recorder's snapshot): the pass runs in the reader's call, on the tensors as they are then."""
+    t = torch.ones(10)
+    read = drift.Sketcher().submit([t], defer_cpu=True)
+    t.add_(1)
+    found = read()
+    assert found is not None and sketch.unpack_stats(found[0])[0, 0] == 20.0
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
