@@ -74,7 +74,8 @@ def test_only_variables_read_after_start_up_may_differ_for_a_rank_to_be_forked()
     assert only_lazy_differences(base, {**base, "RANK": "1", "NCCL_ALGO": "Tree", "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
                                         "OMP_NUM_THREADS": "1"})
     for changed in ({**base, "LD_PRELOAD": "x.so"}, {**base, "MKL_NUM_THREADS": "1"},
-                    {**base, "TORCH_SHOW_CPP_STACKTRACES": "1"}, {"NCCL_ALGO": "Ring", "OMP_NUM_THREADS": "2"}):
+                    {**base, "TORCH_SHOW_CPP_STACKTRACES": "1"}, {"NCCL_ALGO": "Ring", "OMP_NUM_THREADS": "2"},
+                    {**base, "PYTHONHASHSEED": "random"}):  # a config's own hash seed: a fresh process reads it
         assert not only_lazy_differences(base, changed)
     assert only_lazy_differences(base, {**base, "FAKE": "x"}, LAZY_ENV | {"FAKE"})
 
