@@ -13,7 +13,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
-from detlab.backend.db import get_sessionmaker
+from detlab.backend.db import get_sessionmaker, locking
 from detlab.backend.kinds.registry import KINDS
 from detlab.backend.models import FAILED, QUEUED, RUNNING, Job, Run, utcnow
 from detlab.backend.services.dispatch import send, undispatch
@@ -47,7 +47,12 @@ def reconcile(*, session: Session, settings: Settings, store_back_at: datetime |
     busy_runs = {w.info.get("run_id") for w in workers}
     # A recording's run is the SDK's to feed and close: no worker runs it, so none is sent one.
     active = select(Run).join(Job).where(Run.status.in_([QUEUED, RUNNING]), Job.kind.not_in(_FED_ELSEWHERE))
-    for run in session.scalars(active):
+    # Locked as a claim or a finish locks its run, so that a worker finishing a run at this moment is not
+    # overwritten with `failed` or a re-queue: PostgreSQL passes over a run being written (the next round sees it),
+    # SQLite waits for the write and then reads it finished.
+    if locking(session):
+        active = active.with_for_update(of=Run, skip_locked=True)
+    for run in session.scalars(active.execution_options(populate_existing=True)):
         queue = run.job.queue
         if run.status == RUNNING:
             beat = max(as_utc(run.heartbeat_at) or now, store_back_at or datetime.min.replace(tzinfo=UTC))

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
+from detlab.backend.api import ingest as api_ingest
 from detlab.backend.kinds.base import InvalidJob
 from detlab.backend.kinds.registry import JobCreate
 from detlab.backend.kinds.sweep import CHANNEL_VARS, expand_sweep
+from detlab.backend.models import RUNNING, SUCCEEDED, Run, utcnow
 from detlab.backend.services.jobs import create_job
 from detlab.backend.services.reconcile import reconcile
 from detlab.backend.services.workers import heartbeat
@@ -122,3 +128,39 @@ def test_a_job_whose_last_runs_finished_together_is_settled_by_the_reconciler(se
     assert reconcile(session=session, settings=settings) == []
     session.commit()
     assert job.status == "succeeded"
+
+
+def test_the_reconciler_never_overwrites_a_finish_it_races(engine: Engine, tmp_path: Path) -> None:
+    """A run's worker was silent past the stale limit and then finishes the run: its finish holds the run (as the
+    ingest route locks it) when the reconciler comes to fail it. Before, the reconciler read the run as running and
+    its `failed` overwrote the finish's `succeeded`; now it waits for the finish (SQLite) or passes the run over
+    (PostgreSQL)."""
+    settings = Settings(data_dir=tmp_path, run_stale_after_s=0.01, max_attempts=1)
+    make = sessionmaker(engine, expire_on_commit=False)
+    with make() as session:
+        data = JobCreate.model_validate({"workload": "mlp", "steps": 2, "configs": [{}]})
+        job = create_job(session=session, data=data, settings=settings, submitter=None)
+        job.status, run = RUNNING, job.runs[0]
+        run.status, run.attempt, run.heartbeat_at = RUNNING, 1, utcnow() - timedelta(minutes=5)
+        session.commit()
+        run_id = run.id
+    holding = threading.Event()
+
+    def finish() -> None:
+        with make() as session:
+            finished = api_ingest._run(session, run_id)
+            finished.status, finished.finished_at = SUCCEEDED, utcnow()
+            session.flush()
+            holding.set()
+            time.sleep(1.0)  # the reconciler runs meanwhile
+            session.commit()
+
+    worker = threading.Thread(target=finish)
+    worker.start()
+    assert holding.wait(30)
+    with make() as session:
+        reconcile(session=session, settings=settings)
+        session.commit()
+    worker.join(30)
+    with make() as session:
+        assert session.get(Run, run_id).status == SUCCEEDED
