@@ -187,8 +187,8 @@
     const ok = measured.every((r) => r.identical_to_first === r.comparable);
     const r = measured[0];
     return ok
-      ? ["reproducible", `Reproducible: ${r.identical_to_first} of ${r.comparable} repeats identical to the first`]
-      : ["not-reproducible", `Not reproducible: ${r.identical_to_first} of ${r.comparable} repeats identical to the first`];
+      ? ["reproducible", `Reproducible: ${r.identical_to_first} of ${r.comparable} comparable repeats identical to the first`]
+      : ["not-reproducible", `Not reproducible: ${r.identical_to_first} of ${r.comparable} comparable repeats identical to the first`];
   }
 
   function renderBanner(job, cmp, pairwise) {

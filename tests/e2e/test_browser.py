@@ -228,7 +228,7 @@ def test_a_single_config_job_shows_the_reproducibility_of_its_repeats(embedded: 
     with sync_playwright() as pw:
         browser, page, errors = open_job(pw, embedded, job["id"])
         expect(page.locator("#banner-verdict")).to_have_text("reproducible")
-        expect(page.locator("#verdict-banner")).to_contain_text("1 of 1 repeats identical")
+        expect(page.locator("#verdict-banner")).to_contain_text("1 of 1 comparable repeats identical to the first")
         expect(page.locator("#comparison-title")).to_have_text("Reproducibility")
         expect(page.locator("#pairwise")).to_be_hidden()
         expect(page.locator("#reproducibility tbody tr")).to_have_count(1)
