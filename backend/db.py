@@ -69,9 +69,10 @@ def locking(session: Session) -> bool:
     busy_timeout), and False."""
     if session.get_bind().dialect.name == "postgresql":
         return True
-    connection = session.connection().connection.driver_connection
-    if connection is not None and not connection.in_transaction:  # already writing: the lock is held
-        connection.execute("BEGIN IMMEDIATE")
+    connection = session.connection()
+    driver = connection.connection.driver_connection
+    if driver is not None and not driver.in_transaction:  # already writing: the lock is held
+        connection.exec_driver_sql("BEGIN IMMEDIATE")  # through SQLAlchemy: a timeout is its OperationalError
     return False
 
 
