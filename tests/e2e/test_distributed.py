@@ -76,6 +76,18 @@ def test_injected_bitflip_is_found_at_its_step_tensor_and_rank(distributed: Stac
     assert by_step[3][0][:16 * index] == by_step[3][1][:16 * index]
 
 
+def evidence(stack: Stack, job_id: int, result: dict) -> str:
+    """What a failed reproducibility assertion shows: the result, each run's attempts and ranks' recorded
+    environment and torch flags, and the services' logs (this test failed once in CI, and passed on every rerun)."""
+    engine = create_engine(stack.env["DETLAB_DATABASE_URL"])
+    with engine.connect() as conn:
+        ranks = conn.execute(text("SELECT r.id, r.config_index, r.repeat, r.attempt, e.rank, e.effective_env, "
+                                  "e.torch_flags FROM runs r LEFT JOIN rank_envs e ON e.run_id = r.id "
+                                  "WHERE r.job_id = :job ORDER BY r.id, e.rank"), {"job": job_id}).all()
+    engine.dispose()
+    return "\n".join([json.dumps(result)[:4000], *map(str, ranks), stack.logs()])
+
+
 def test_scatter_without_deterministic_mode_diverges_and_with_it_does_not(distributed: Stack) -> None:
     two_threads = {"threads": 2}
     job = distributed.submit({"workload": "scatter", "steps": 3, "repeats": 2, "configs": [
@@ -86,7 +98,7 @@ def test_scatter_without_deterministic_mode_diverges_and_with_it_does_not(distri
     assert result["first_divergent_step"] == 1
     assert set(result["first_divergent_tensors"]) <= {"msg.weight", "msg.bias", "out.weight", "out.bias"}
     rates = {r["name"]: r["rate"] for r in result["reproducibility"]}
-    assert rates == {"default": 0.0, "torch-deterministic": 1.0}
+    assert rates == {"default": 0.0, "torch-deterministic": 1.0}, evidence(distributed, job["id"], result)
 
 
 def test_crashing_rank_fails_the_run_with_its_output_and_keeps_records(distributed: Stack) -> None:
@@ -156,7 +168,8 @@ def test_fix_prescribes_deterministic_algorithms_for_scatter_at_two_threads(dist
     assert out.returncode == 0, out.stdout + out.stderr + distributed.logs()
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["verdict"] == "found", result
-    assert result["prescription"]["knobs"] == ["deterministic-algorithms"]
+    assert result["prescription"]["knobs"] == ["deterministic-algorithms"], evidence(distributed, result["job"]["id"],
+                                                                                       result)
     assert result["prescription"]["reproducible"] == [2, 2]  # both repeats identical to the first, itself included
     assert result["necessary"]["deterministic-algorithms"]["trial"] == 0
     assert [t["knobs"] for t in result["trials"]] == [[], ["deterministic-algorithms"]]
