@@ -4,7 +4,7 @@ calling thread alone.
 The recorder sketches a CPU model on its writer thread while the training loop goes on. torch's pass
 (detlab.tensors.drift) would start intra-op threads of its own there, as many as the loop uses, and the two sets
 would share the cores the loop keeps busy (bench/sdk_overhead.py, PyTorch's MNIST example on 2 cores). This
-kernel runs on the thread that calls it and reads each element once, in a loop LLVM vectorises: for each column
+kernel runs on the thread that calls it and reads each element once, in one compiled loop: for each column
 c of the tensor's matrix view (sketch.COLUMNS wide), float64 sums over the rows of one row bucket b2 (signed by
 their s2), and the column's sum, sum of squares and max |x|; then each row bucket's column sums go to their
 buckets (b1(c) + b2) mod K, signed by s1(c). The same values as the torch pass, added in another order (the tests
