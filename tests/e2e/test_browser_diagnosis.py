@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ from tests.e2e.test_browser import ARGS, CHROMIUM, screenshot_dir
 pytestmark = pytest.mark.browser
 # The scatter workload's ops that race at 2 threads (which of them a given run catches varies)
 SCATTER_OPS = {"aten.index_put_", "aten.index_put", "aten.index_add_"}
+
+
+def finished(stack: Stack, wait: Callable[[], None]) -> None:
+    """`wait` for a job's verdict on its page; if it never comes, say what the server and its worker logged (the
+    op-audit job once stayed queued in CI with its worker silent, and passed on every rerun)."""
+    try:
+        wait()
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{stack.logs()}") from None
 
 
 def test_both_diagnosis_kinds_from_the_form_to_the_heatmap_and_the_audit_table(embedded: Stack,
@@ -40,7 +50,8 @@ def test_both_diagnosis_kinds_from_the_form_to_the_heatmap_and_the_audit_table(e
         page.select_option("#preset-b", "torch-deterministic")
         page.click("#submit")
         page.wait_for_url("**/jobs/*")
-        expect(page.locator("#banner-verdict")).to_contain_text("invariant", timeout=180_000)  # finished
+        finished(embedded, lambda: expect(page.locator("#banner-verdict")).to_contain_text("invariant",
+                                                                                         timeout=180_000))
         expect(page.locator("#diagnosis-title")).to_have_text("Batch invariance")
         expect(page.locator("#first-breaks tbody tr")).to_have_count(4)  # (mm, sum) × two configs
         expect(page.locator("#model-invariance li")).to_have_count(2)
@@ -63,7 +74,8 @@ def test_both_diagnosis_kinds_from_the_form_to_the_heatmap_and_the_audit_table(e
         page.select_option("#preset-b", "torch-deterministic")
         page.click("#submit")
         page.wait_for_url("**/jobs/*")
-        expect(page.locator("#banner-verdict")).to_have_text("nondeterministic", timeout=180_000)
+        finished(embedded, lambda: expect(page.locator("#banner-verdict")).to_have_text("nondeterministic",
+                                                                                      timeout=180_000))
         expect(page.locator("#diagnosis-title")).to_have_text("Op audit of scatter")
         page.check("#audit-only-nondet")
         rows = page.locator("#audit-ops tbody tr")
