@@ -1,4 +1,4 @@
-"""Digests, stats and drift sketch of a CUDA tensor list from one read of each element: one Triton launch.
+"""Digests, stats and drift sketch of a CUDA tensor list from one read of each element.
 
 The recorder needs three things of every recorded tensor at every step: its fingerprint (docs/fingerprint.md),
 its stats and its count sketch (detlab.core.sketch, `cs1`). Two passes (detlab.tensors.fingerprint.triton_impl,
@@ -6,14 +6,19 @@ then detlab.tensors.drift_triton) read the weights twice and cost the host two s
 
 Here an element of row r, column c goes to bucket (b1(c) + b2(r)) mod K with sign s1(c) * s2(r), so rows that
 share their row bucket b2 can be added column by column first (each signed by its s2) and mapped to buckets
-once. One program takes CHUNK columns of up to ROWS_PER_PROGRAM rows of one tensor that share b2: it reads each
-row's chunk in order (coalesced), adds it into per-column float64 sums (signed sum, sum, sum of squares, max
-|x|), reads the same bytes as 64-bit words for the fingerprint's lane terms (served by the cache), and at the
-end maps its columns to their K buckets, rotated by the group's b2: K + 3 values a program, and its lane sums
-added into its tensor's with atomic integer adds (exact and order-independent). A chunk starts at a whole word
-(CHUNK * element size is a multiple of 8), and word positions count from the tensor's first word, so the lane
-sums are the fingerprint's exactly. Programs are then added per tensor, and the finalisation kernel of
-triton_impl turns lane sums into digests.
+once. One program takes a chunk of columns (KINDS: 1024, 512 of float64) of up to ROWS_PER_PROGRAM rows of one
+tensor that share b2. It loads a few rows' chunks at once as integers (one 16-byte load per thread and row),
+adds their values into per-column float64 sums (signed sum, sum, sum of squares, max |x|), and forms the
+fingerprint's 64-bit words from the same registers (no second read): word positions count from the tensor's
+first word, and an element past the tensor's end loads as zero, which is the spec's padding of a last partial
+word, so the lane sums are the fingerprint's exactly. At the end the program maps its columns to their K
+buckets, rotated by the group's b2: K + 3 values a program, and adds its lane sums into its tensor's with atomic
+integer adds (exact and order-independent). Programs are then added per tensor in a fixed order, and the
+finalisation kernel of triton_impl turns lane sums into digests.
+
+A row that covers its chunk whole needs no per-element mask, so its loads are vector loads; a tensor's last row
+usually ends inside a chunk and is a program of its own ("partial"). The kernel is compiled per (dtype, full)
+and launched once per such group of programs: one dtype's layout and registers per compiled kernel.
 
 The host's per-list work is done once: a `Plan` holds the program and row tables, the per-tensor length keys,
 every output buffer and the pinned host buffers, and from its second use a CUDA graph of the whole step (zero,
@@ -43,14 +48,16 @@ from detlab.core import sketch
 from detlab.tensors.fingerprint.reference import DEFAULT_KEY, DigestKey
 from detlab.tensors.fingerprint.triton_impl import _finalize_kernel, _mix, _mix_lanes
 
-# dtype -> (code the kernel branches on, element size)
-CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
+# dtype -> (the kernel's element type, the integer type of its bits, elements in a 64-bit word, columns of a row
+# that one program reads, rows read at once). With 4 warps a thread holds 8 columns (4 of float64) of each row:
+# the fastest of the sizes timed on an H200 (bench/onepass.py) that keeps the registers of every dtype's
+# kernel from spilling.
+KINDS = {torch.float32: (tl.float32, tl.int32, 2, 1024, 2), torch.bfloat16: (tl.bfloat16, tl.int16, 4, 1024, 4),
+         torch.float16: (tl.float16, tl.int16, 4, 1024, 4), torch.float64: (tl.float64, tl.int64, 1, 512, 2)}
+CODES = {dtype: code for code, dtype in enumerate(KINDS)}
 ALIGN = 16
 ROW_VALUES = sketch.K + 3  # K buckets, sum, sum of squares, max |x|
-CHUNK = 1024  # columns of a row that one program reads
-ROWS_PER_PROGRAM = 128
-ROW_TILE = 2  # rows read at once (2, 4, 8 timed on an H200: 2 the fastest)
-WORD_BLOCK = 256  # words per inner fingerprint step
+ROWS_PER_PROGRAM = 256
 NUM_WARPS = 4
 SLOTS = 3  # steps of one list that may be queued and not yet read
 KEPT_PLANS = 8
@@ -59,70 +66,90 @@ _SUM_BLOCK = 32  # programs' values added at once per tensor
 
 
 @triton.jit
-def _onepass_kernel(prog_addr, prog_code, prog_owner, prog_rot, prog_q, prog_start, prog_count,
-                    row_index, row_sign, row_n, col_bucket, col_sign, sums, per_prog,
-                    K: tl.constexpr, COLUMNS: tl.constexpr, CHUNK: tl.constexpr, ROW_TILE: tl.constexpr,
-                    WB: tl.constexpr,
-                    A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, A4: tl.constexpr, A5: tl.constexpr,
-                    B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, B4: tl.constexpr, B5: tl.constexpr):
-    p = tl.program_id(0)
-    addr = tl.load(prog_addr + p)
-    code = tl.load(prog_code + p)
-    q = tl.load(prog_q + p)
-    first = tl.load(prog_start + p)
-    count = tl.load(prog_count + p)
-    size = tl.where(code == 0, 4, tl.where(code == 3, 8, 2)).to(tl.int64)
+def _words(bits, R: tl.constexpr, CHUNK: tl.constexpr, PER: tl.constexpr):
+    """A tile's 64-bit words, uint64 [R, CHUNK // PER], from its elements' bits [R, CHUNK] (PER a word, in
+    little-endian order): the bytes the fingerprint reads, from the registers the stats were taken from."""
+    if PER == 2:
+        lo, hi = tl.split(tl.reshape(bits, [R, CHUNK // 2, 2]))
+        return lo.to(tl.uint32, bitcast=True).to(tl.uint64) | (hi.to(tl.uint32, bitcast=True).to(tl.uint64) << 32)
+    elif PER == 4:
+        even, odd = tl.split(tl.reshape(bits, [R, CHUNK // 4, 2, 2]))  # elements 0 and 2, 1 and 3 of each word
+        e0, e2 = tl.split(even)
+        e1, e3 = tl.split(odd)
+        return (e0.to(tl.uint16, bitcast=True).to(tl.uint64) | (e1.to(tl.uint16, bitcast=True).to(tl.uint64) << 16)
+                | (e2.to(tl.uint16, bitcast=True).to(tl.uint64) << 32)
+                | (e3.to(tl.uint16, bitcast=True).to(tl.uint64) << 48))
+    else:
+        return bits.to(tl.uint64, bitcast=True)
+
+
+@triton.jit
+def _rows(base, q, first, count, row_index, row_sign, row_n, ELEM: tl.constexpr, PER: tl.constexpr,
+          FULL: tl.constexpr, COLUMNS: tl.constexpr, CHUNK: tl.constexpr, ROW_TILE: tl.constexpr,
+          A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, A4: tl.constexpr, A5: tl.constexpr,
+          B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, B4: tl.constexpr, B5: tl.constexpr):
+    # One program's rows (ROW_TILE at a time) of chunk q: per column, their signed sum, sum, sum of squares and
+    # max |x|; and the fingerprint's two lane sums of their words. `base` points at the tensor's elements' bits
+    # (16-byte aligned). FULL: every row covers the whole chunk, so a tile's only mask is which of its rows are
+    # the program's, constant along a row (vector loads); else the rows end where row_n says.
+    W: tl.constexpr = CHUNK // PER  # words of a row's chunk
     cols = q * CHUNK + tl.arange(0, CHUNK)
-    acc = tl.zeros([CHUNK], dtype=tl.float64)  # per column: the rows' signed sum
+    t = tl.arange(0, ROW_TILE)
+    j = tl.arange(0, W).to(tl.uint64)
+    step0 = j * 0x9E3779B97F4A7C15  # a word's position key pos * G as (first word's) + j * G: no multiply per word
+    step1 = j * 0xD1B54A32D192ED03
+    acc = tl.zeros([CHUNK], dtype=tl.float64)
     total = tl.zeros([CHUNK], dtype=tl.float64)
     squares = tl.zeros([CHUNK], dtype=tl.float64)
     peak = tl.zeros([CHUNK], dtype=tl.float64)
-    lane0 = tl.zeros([WB], dtype=tl.uint64)
-    lane1 = tl.zeros([WB], dtype=tl.uint64)
-    b = tl.arange(0, 8)
-    t = tl.arange(0, ROW_TILE)
-    words = (CHUNK * size + 7) // 8  # of a whole chunk
-    for i in range(0, count, ROW_TILE):  # ROW_TILE rows at a time, their loads in flight together
-        live_row = i + t < count
-        r = tl.load(row_index + first + i + t, mask=live_row, other=0)
-        n = tl.load(row_n + first + i + t, mask=live_row, other=0)  # a row past the program's has no element
-        m = cols[None, :] < n[:, None]
-        at = r[:, None] * COLUMNS + cols[None, :]  # element offsets: the rows' columns of this chunk, in order
-        if code == 0:
-            x = tl.load(addr.to(tl.pointer_type(tl.float32)) + at, mask=m, other=0).to(tl.float64)
-        elif code == 1:
-            x = tl.load(addr.to(tl.pointer_type(tl.bfloat16)) + at, mask=m, other=0).to(tl.float64)
-        elif code == 2:
-            x = tl.load(addr.to(tl.pointer_type(tl.float16)) + at, mask=m, other=0).to(tl.float64)
+    lane0 = tl.zeros([W], dtype=tl.uint64)
+    lane1 = tl.zeros([W], dtype=tl.uint64)
+    for i in range(0, count, ROW_TILE):
+        live = i + t < count
+        r = tl.load(row_index + first + i + t, mask=live, other=0)
+        sign = tl.load(row_sign + first + i + t, mask=live, other=0.0)
+        at = base + (r[:, None] * COLUMNS + cols[None, :])
+        if FULL:
+            bits = tl.load(at, mask=live[:, None], other=0)
+            keep = live[:, None]
         else:
-            x = tl.load(addr.to(tl.pointer_type(tl.float64)) + at, mask=m, other=0)
-        acc += tl.sum(x * tl.load(row_sign + first + i + t, mask=live_row, other=0.0)[:, None], axis=0)
-        total += tl.sum(x, axis=0)
-        squares += tl.sum(x * x, axis=0)
-        peak = tl.maximum(peak, tl.max(tl.abs(x), axis=0))
-        # The fingerprint's lane terms of the same bytes (now in cache), zero-padding a last partial word as the
-        # spec does; word positions count from the tensor's first word.
-        nbytes = tl.minimum(tl.maximum(n - q * CHUNK, 0), CHUNK) * size
-        word0 = (r * COLUMNS + q * CHUNK) * size // 8
-        base = addr.to(tl.pointer_type(tl.int64)) + word0
-        nwords = nbytes // 8
-        padded = (nbytes + 7) // 8
-        rest = nbytes - nwords * 8
-        tail = tl.load((base + nwords).to(tl.pointer_type(tl.uint8))[:, None] + b[None, :],
-                       mask=b[None, :] < rest[:, None], other=0)
-        tail_word = tl.sum(tail.to(tl.uint64) << (b * 8).to(tl.uint64)[None, :], axis=1)  # disjoint bits: sum == or
-        for w in range(0, words, WB):
-            idx = w + tl.arange(0, WB)
-            word = tl.load(base[:, None] + idx[None, :], mask=idx[None, :] < nwords[:, None],
-                           other=0).to(tl.uint64, bitcast=True)
-            word = tl.where(idx[None, :] == nwords[:, None], tail_word[:, None], word)
-            pos = (word0[:, None] + idx[None, :]).to(tl.uint64, bitcast=True)
-            live = idx[None, :] < padded[:, None]
-            lane0 += tl.sum(tl.where(live, _mix(word ^ (pos * 0x9E3779B97F4A7C15), A1, A2, A3, A4, A5), 0), axis=0)
-            lane1 += tl.sum(tl.where(live, _mix(word ^ (pos * 0xD1B54A32D192ED03), B1, B2, B3, B4, B5), 0), axis=0)
+            n = tl.load(row_n + first + i + t, mask=live, other=0)
+            bits = tl.load(at, mask=cols[None, :] < n[:, None], other=0)  # zeros past the end: the spec's padding
+            keep = j[None, :] < ((tl.minimum(tl.maximum(n - q * CHUNK, 0), CHUNK) + PER - 1) // PER)[:, None]
+        x = bits.to(ELEM, bitcast=True)
+        wide = x.to(tl.float64)
+        acc += tl.sum(wide * sign[:, None], axis=0)
+        total += tl.sum(wide, axis=0)
+        squares += tl.sum(wide * wide, axis=0)
+        peak = tl.maximum(peak, tl.max(tl.abs(x), axis=0).to(tl.float64))
+        word = _words(bits, ROW_TILE, CHUNK, PER)
+        at_word = ((r * COLUMNS + q * CHUNK) // PER).to(tl.uint64, bitcast=True)  # counted from the tensor's first
+        key0 = (at_word * 0x9E3779B97F4A7C15)[:, None] + step0[None, :]
+        key1 = (at_word * 0xD1B54A32D192ED03)[:, None] + step1[None, :]
+        lane0 += tl.sum(tl.where(keep, _mix(word ^ key0, A1, A2, A3, A4, A5), 0), axis=0)
+        lane1 += tl.sum(tl.where(keep, _mix(word ^ key1, B1, B2, B3, B4, B5), 0), axis=0)
+    return acc, total, squares, peak, tl.sum(lane0, axis=0), tl.sum(lane1, axis=0)
+
+
+@triton.jit
+def _onepass_kernel(prog0, prog_addr, prog_owner, prog_rot, prog_q, prog_start, prog_count, prog_slot,
+                    row_index, row_sign, row_n, col_bucket, col_sign, sums, per_prog,
+                    ELEM: tl.constexpr, BITS: tl.constexpr, PER: tl.constexpr, FULL: tl.constexpr,
+                    K: tl.constexpr, COLUMNS: tl.constexpr, CHUNK: tl.constexpr, ROW_TILE: tl.constexpr,
+                    A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, A4: tl.constexpr, A5: tl.constexpr,
+                    B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, B4: tl.constexpr, B5: tl.constexpr):
+    # One launch per (dtype, FULL) group of programs, which starts at prog0 in the tables: one dtype's layout and
+    # registers per compiled kernel.
+    p = prog0 + tl.program_id(0)
+    q = tl.load(prog_q + p)
+    base = tl.multiple_of(tl.load(prog_addr + p).to(tl.pointer_type(BITS)), 16)
+    acc, total, squares, peak, l0, l1 = _rows(base, q, tl.load(prog_start + p), tl.load(prog_count + p), row_index,
+                                              row_sign, row_n, ELEM, PER, FULL, COLUMNS, CHUNK, ROW_TILE,
+                                              A1, A2, A3, A4, A5, B1, B2, B3, B4, B5)
     # The column map once per program: column c's signed sum goes to bucket b1(c), rotated by the rows' b2.
-    o = per_prog + p * (K + 3)
+    o = per_prog + tl.load(prog_slot + p) * (K + 3)
     rot = tl.load(prog_rot + p)
+    cols = q * CHUNK + tl.arange(0, CHUNK)
     bucket = tl.load(col_bucket + cols)
     signed = acc * tl.load(col_sign + cols)
     for k in tl.static_range(K):
@@ -131,8 +158,8 @@ def _onepass_kernel(prog_addr, prog_code, prog_owner, prog_rot, prog_q, prog_sta
     tl.store(o + K + 1, tl.sum(squares, axis=0))
     tl.store(o + K + 2, tl.max(peak, axis=0))
     owner = tl.load(prog_owner + p)
-    tl.atomic_add(sums + 2 * owner, tl.sum(lane0, axis=0).to(tl.int64, bitcast=True))
-    tl.atomic_add(sums + 2 * owner + 1, tl.sum(lane1, axis=0).to(tl.int64, bitcast=True))
+    tl.atomic_add(sums + 2 * owner, l0.to(tl.int64, bitcast=True))
+    tl.atomic_add(sums + 2 * owner + 1, l1.to(tl.int64, bitcast=True))
 
 
 @triton.jit
@@ -197,6 +224,7 @@ class Plan:
     tensors: int
     programs: int
     table: tuple[torch.Tensor, ...]  # as _onepass_kernel's arguments, prog_addr to row_n
+    groups: list[tuple[tuple[Any, ...], bool, int, int]]  # launches: (KINDS entry, full, first program, programs)
     tensor_start: torch.Tensor  # int64[n + 1]: tensor i's programs are [start[i], start[i + 1])
     len_mix: torch.Tensor  # int64[n, 2]
     slots: list[Slot] = field(default_factory=list)
@@ -204,25 +232,31 @@ class Plan:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _programs(n: int, b2: np.ndarray) -> tuple[np.ndarray, ...]:
-    """One tensor's programs, as (rotation, chunk, rows' start in the tensor's row list, row count), and its row
-    list: the rows (of `n` elements in all, row bucket `b2`) with something in each chunk, grouped by b2 and cut
-    into runs of at most ROWS_PER_PROGRAM."""
+def _programs(n: int, b2: np.ndarray, chunk: int) -> tuple[np.ndarray, ...]:
+    """One tensor's programs, as (rotation, chunk, rows' start in the tensor's row list, row count, full), and its
+    row list: the rows (of `n` elements in all, row bucket `b2`) with something in each chunk. The rows that cover
+    a chunk whole are grouped by b2 and cut into runs of at most ROWS_PER_PROGRAM (full programs); a last row
+    that ends inside the chunk is a program of its own."""
     C = sketch.COLUMNS  # noqa: N806
     listed, progs = [], []
     at = 0
-    for q in range(C // CHUNK):
-        live = np.arange(-(-(n - q * CHUNK) // C) if n > q * CHUNK else 0)  # rows reaching into chunk q
-        order = live[np.argsort(b2[live], kind="stable")]
+    for q in range(C // chunk):
+        reach = -(-(n - q * chunk) // C) if n > q * chunk else 0  # rows reaching into chunk q
+        short = reach > 0 and n - (reach - 1) * C < (q + 1) * chunk  # the last of them ends inside it
+        whole = np.arange(reach - 1 if short else reach)
+        order = whole[np.argsort(b2[whole], kind="stable")]
         keys = b2[order]
         cut = np.flatnonzero(np.diff(keys)) + 1
         for group in np.split(np.arange(order.size), cut):
             for s in range(0, group.size, ROWS_PER_PROGRAM):
                 part = group[s : s + ROWS_PER_PROGRAM]
-                progs.append((keys[part[0]], q, at + part[0], part.size))
+                progs.append((keys[part[0]], q, at + part[0], part.size, 1))
+        if short:
+            progs.append((b2[reach - 1], q, at + order.size, 1, 0))
+            order = np.append(order, reach - 1)
         listed.append(order)
         at += order.size
-    return np.array(progs, dtype=np.int64).reshape(-1, 4), np.concatenate(listed)
+    return np.array(progs, dtype=np.int64).reshape(-1, 5), np.concatenate(listed)
 
 
 def plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], key: DigestKey = DEFAULT_KEY) -> Plan:
@@ -238,24 +272,36 @@ def plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], key: DigestKey
         if not n:
             continue
         b2, s2 = sketch.row_map(indices[i], sketch.rows_of(n))
-        progs, listed = _programs(n, b2)
+        progs, listed = _programs(n, b2, KINDS[t.dtype][3])
         prog_parts.append(np.column_stack([np.full(len(progs), t.data_ptr()), np.full(len(progs), CODES[t.dtype]),
-                                           np.full(len(progs), i), progs[:, :3] + [0, 0, rows_before], progs[:, 3]]))
+                                           np.full(len(progs), i), progs[:, :3] + [0, 0, rows_before], progs[:, 3:]]))
         row_parts.append(np.column_stack([listed, s2[listed].view(np.int64), np.minimum(n - listed * C, C)]))
         rows_before += listed.size
-    progs = np.concatenate(prog_parts) if prog_parts else np.zeros((0, 7), dtype=np.int64)
+    progs = np.concatenate(prog_parts) if prog_parts else np.zeros((0, 8), dtype=np.int64)
     rows = np.concatenate(row_parts) if row_parts else np.zeros((0, 3), dtype=np.int64)
-    dtypes = (torch.int64, torch.int32, torch.int64, torch.int32, torch.int32, torch.int64, torch.int32)
+    # Programs write their values in the tensors' order (slot), and are launched grouped by (dtype, full).
+    order = np.lexsort((1 - progs[:, 7], progs[:, 1]))
+    kinds = list(KINDS.values())
+    groups = [(kinds[code], bool(full), int(lo), int(hi - lo)) for code, full, lo, hi in _runs(progs[order][:, [1, 7]])]
+    progs = np.column_stack([progs[order][:, [0, 2, 3, 4, 5, 6]], order])
+    dtypes = (torch.int64, torch.int64, torch.int32, torch.int32, torch.int64, torch.int32, torch.int64)
     table = tuple(torch.from_numpy(np.ascontiguousarray(progs[:, j])).to(device, dt) for j, dt in enumerate(dtypes))
     table += (torch.from_numpy(np.ascontiguousarray(rows[:, 0])).to(device),
               torch.from_numpy(np.ascontiguousarray(rows[:, 1])).view(torch.float64).to(device),
               torch.from_numpy(np.ascontiguousarray(rows[:, 2])).to(device))
     nb = np.array([t.numel() * t.element_size() for t in tensors], dtype=np.uint64)
     len_mix = _mix_lanes(nb[:, None] ^ np.array(key.len_key, dtype=np.uint64), key).view(np.int64)
-    start = np.searchsorted(progs[:, 2], np.arange(len(tensors) + 1))  # programs are laid out tensor by tensor
-    return Plan(device=device, key=key, tensors=len(tensors), programs=len(progs), table=table,
+    start = np.searchsorted(progs[:, 1][np.argsort(order)], np.arange(len(tensors) + 1))  # slots: tensor by tensor
+    return Plan(device=device, key=key, tensors=len(tensors), programs=len(progs), table=table, groups=groups,
                 tensor_start=torch.from_numpy(start.astype(np.int64)).to(device),
                 len_mix=torch.from_numpy(np.ascontiguousarray(len_mix)).to(device))
+
+
+def _runs(keys: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """(key columns, start, end) of each run of equal rows of `keys` [m, 2]."""
+    cut = np.flatnonzero((np.diff(keys, axis=0) != 0).any(axis=1)) + 1
+    bounds = np.concatenate([[0], cut, [len(keys)]]) if len(keys) else np.zeros(0, dtype=np.int64)
+    return [(*keys[lo], lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _new_slot(p: Plan) -> Slot:
@@ -277,10 +323,11 @@ def compute(p: Plan, s: Slot) -> None:
     (a1, a2, a3, a4, a5), (b1, b2, b3, b4, b5) = p.key.mixers
     K = sketch.K  # noqa: N806
     if p.programs:
-        _onepass_kernel[(p.programs,)](*p.table, *_column_map(p.device), s.sums, s.per_prog, K=K,
-                                       COLUMNS=sketch.COLUMNS, CHUNK=CHUNK, ROW_TILE=ROW_TILE, WB=WORD_BLOCK,
-                                       num_warps=NUM_WARPS,
-                                       A1=a1, A2=a2, A3=a3, A4=a4, A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5)
+        for (elem, bits, per, chunk, tile), full, first, count in p.groups:
+            _onepass_kernel[(count,)](first, *p.table, *_column_map(p.device), s.sums, s.per_prog, ELEM=elem,
+                                      BITS=bits, PER=per, FULL=full, K=K, COLUMNS=sketch.COLUMNS,
+                                      CHUNK=chunk, ROW_TILE=tile, num_warps=NUM_WARPS,
+                                      A1=a1, A2=a2, A3=a3, A4=a4, A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5)
         _per_tensor_kernel[(p.tensors,)](s.per_prog, p.tensor_start, s.values, K=K, BLOCK=_SUM_BLOCK,
                                          V=triton.next_power_of_2(ROW_VALUES))
     _finalize_kernel[(triton.cdiv(p.tensors, _FINAL_BLOCK),)](s.sums, p.len_mix, s.final, p.tensors,
