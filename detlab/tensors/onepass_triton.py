@@ -50,8 +50,8 @@ from detlab.tensors.fingerprint.triton_impl import _finalize_kernel, _mix, _mix_
 
 # dtype -> (the kernel's element type, the integer type of its bits, elements in a 64-bit word, columns of a row
 # that one program reads, rows read at once). With 4 warps a thread holds 8 columns (4 of float64) of each row:
-# the fastest of the sizes timed on an H200 (bench/onepass.py) that keeps the registers of every dtype's
-# kernel from spilling.
+# the fastest of the sizes timed on an H200 that keeps every dtype's kernel from spilling registers
+# (results/2026-12-03-h200-onepass-vector/kernel_sweep.txt).
 KINDS = {torch.float32: (tl.float32, tl.int32, 2, 1024, 2), torch.bfloat16: (tl.bfloat16, tl.int16, 4, 1024, 4),
          torch.float16: (tl.float16, tl.int16, 4, 1024, 4), torch.float64: (tl.float64, tl.int64, 1, 512, 2)}
 CODES = {dtype: code for code, dtype in enumerate(KINDS)}
