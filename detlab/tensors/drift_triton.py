@@ -5,7 +5,8 @@ detlab/tensors/drift.py's torch pass copies every element into a float64 scratch
 one row of COLUMNS elements of one tensor, gathered bucket by bucket (the row stays in cache, so each element
 is read from memory once), converts it to float64 and writes the row's K signed bucket sums
 (already rotated by the row's bucket, so they add up per tensor), its sum, sum of squares and max |x|. The
-rows are then added per tensor as the torch pass adds them. Same map, same float64 accumulation: the results
+rows are then added per tensor in a fixed order (onepass_triton.add_per_tensor: the same bits on every run, where
+float64 atomics would add in whatever order the programs finish). Same map, float64 accumulation: the results
 equal the torch pass's and the numpy reference's up to float64 rounding (tests/tensors/test_drift.py).
 """
 
@@ -22,6 +23,7 @@ import triton
 import triton.language as tl
 
 from detlab.core import sketch
+from detlab.tensors import onepass_triton
 
 DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float64: tl.float64}
 ROW_VALUES = sketch.K + 3  # K buckets, sum, sum of squares, max |x|
@@ -67,56 +69,70 @@ def _column_map(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class _Group:
-    """One launch: the rows of a dtype's tensors (address, valid elements, row bucket and sign, owner)."""
+    """One launch: the rows of a dtype's tensors (address, valid elements, row bucket and sign), written from
+    row `first` of the plan's per-row values."""
 
     elem: Any
     table: list[torch.Tensor]
+    first: int
 
 
-_plans: dict[tuple[Any, ...], list[_Group]] = {}
+@dataclass
+class _Plan:
+    groups: list[_Group]
+    rows: int
+    lo: torch.Tensor  # int64[n]: tensor i's rows of per-row values are [lo[i], hi[i])
+    hi: torch.Tensor
+
+
+_plans: dict[tuple[Any, ...], _Plan] = {}
 KEPT_PLANS = 8
 
 
-def _plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], device: torch.device) -> list[_Group]:
+def _plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], device: torch.device) -> _Plan:
     # Kept per list of (pointer, size, dtype): parameters keep their storage from step to step, and the row maps
     # cost host time (a numpy hash per row) that a training loop should pay once.
     key = (str(device), *((t.data_ptr(), t.numel(), t.dtype, i) for t, i in zip(tensors, indices, strict=True)))
     if key in _plans:
         return _plans[key]
     groups = []
+    lo, hi = np.zeros(len(tensors), dtype=np.int64), np.zeros(len(tensors), dtype=np.int64)
+    at = 0
     for dtype in dict.fromkeys(t.dtype for t in tensors):
-        parts: list[list[np.ndarray]] = [[], [], [], [], []]
+        parts: list[list[np.ndarray]] = [[], [], [], []]
+        first = at
         for i, t in enumerate(tensors):
             if t.dtype != dtype or not t.numel():
                 continue
             n, rows = t.numel(), sketch.rows_of(t.numel())
-            first = np.arange(rows, dtype=np.int64) * sketch.COLUMNS
+            starts = np.arange(rows, dtype=np.int64) * sketch.COLUMNS
             b2, s2 = sketch.row_map(indices[i], rows)
-            addrs, counts = t.data_ptr() + first * t.element_size(), np.minimum(n - first, sketch.COLUMNS)
-            columns: tuple[np.ndarray, ...] = (addrs, counts, b2.astype(np.int32), s2, np.full(rows, i, dtype=np.int64))
-            for part, values in zip(parts, columns, strict=True):
+            addrs, counts = t.data_ptr() + starts * t.element_size(), np.minimum(n - starts, sketch.COLUMNS)
+            for part, values in zip(parts, (addrs, counts, b2.astype(np.int32), s2), strict=True):
                 part.append(values)
+            lo[i], hi[i] = at, at + rows
+            at += rows
         if parts[0]:
-            groups.append(_Group(DTYPES[dtype], [torch.from_numpy(np.concatenate(p)).to(device) for p in parts]))
+            groups.append(_Group(DTYPES[dtype], [torch.from_numpy(np.concatenate(p)).to(device) for p in parts], first))
+    plan = _Plan(groups, at, torch.from_numpy(lo).to(device), torch.from_numpy(hi).to(device))
     if len(_plans) >= KEPT_PLANS:
         _plans.pop(next(iter(_plans)))
-    _plans[key] = groups
-    return groups
+    _plans[key] = plan
+    return plan
 
 
 def compute(tensors: Sequence[torch.Tensor], indices: Sequence[int], device: torch.device) -> torch.Tensor:
     """[tensors, 3 + K] float64 on `device` (sum, L2 norm, max |x|, then the sketch), as drift.compute gives it;
     `indices`: each tensor's index in the recorded list. Every tensor must be `supported`."""
     out = torch.zeros((len(tensors), sketch.STATS + sketch.K), dtype=torch.float64, device=device)
+    plan = _plan(tensors, indices, device)
+    if not plan.rows:
+        return out
     columns = _column_map(device)
-    for group in _plan(tensors, indices, device):
-        addr, count, bucket, sign, owner = group.table
-        per_row = torch.empty((addr.numel(), ROW_VALUES), dtype=torch.float64, device=device)
-        _rows_kernel[(addr.numel(),)](addr, count, bucket, sign, *columns, per_row, ELEM=group.elem, K=sketch.K,
-                                      SLOTS=SLOTS, num_warps=NUM_WARPS)
-        out[:, 0].index_add_(0, owner, per_row[:, sketch.K])
-        out[:, 1].index_add_(0, owner, per_row[:, sketch.K + 1])
-        out[:, 2].scatter_reduce_(0, owner, per_row[:, sketch.K + 2], reduce="amax")
-        out[:, sketch.STATS:].index_add_(0, owner, per_row[:, : sketch.K])
-    out[:, 1].sqrt_()
+    per_row = torch.empty((plan.rows, ROW_VALUES), dtype=torch.float64, device=device)
+    for group in plan.groups:
+        addr, count, bucket, sign = group.table
+        _rows_kernel[(addr.numel(),)](addr, count, bucket, sign, *columns, per_row[group.first :], ELEM=group.elem,
+                                      K=sketch.K, SLOTS=SLOTS, num_warps=NUM_WARPS)
+    onepass_triton.add_per_tensor(per_row, plan.lo, plan.hi, out)
     return out

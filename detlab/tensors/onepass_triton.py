@@ -163,12 +163,14 @@ def _onepass_kernel(prog0, prog_addr, prog_owner, prog_rot, prog_q, prog_start, 
 
 
 @triton.jit
-def _per_tensor_kernel(per_prog, tensor_start, values, K: tl.constexpr, BLOCK: tl.constexpr, V: tl.constexpr):
-    # A tensor's programs' values added in a fixed order (blocks of BLOCK, each a fixed tree): the same bits on
-    # every run, where float64 atomics (index_add_) add in whatever order the programs finish.
+def _per_tensor_kernel(per_prog, tensor_lo, tensor_hi, values, K: tl.constexpr, BLOCK: tl.constexpr,
+                       V: tl.constexpr):
+    # A tensor's rows of values (rows [lo, hi) of per_prog: K bucket sums, sum, sum of squares, max |x|) added in a
+    # fixed order (blocks of BLOCK, each a fixed tree): the same bits on every run, where float64 atomics
+    # (index_add_) add in whatever order the programs finish. Also serves detlab.tensors.drift_triton.
     t = tl.program_id(0)
-    lo = tl.load(tensor_start + t)
-    hi = tl.load(tensor_start + t + 1)
+    lo = tl.load(tensor_lo + t)
+    hi = tl.load(tensor_hi + t)
     j = tl.arange(0, V)
     live = j < K + 3
     acc = tl.zeros([V], dtype=tl.float64)
@@ -184,6 +186,13 @@ def _per_tensor_kernel(per_prog, tensor_start, values, K: tl.constexpr, BLOCK: t
     tl.store(out + 1, tl.sqrt(tl.sum(tl.where(j == K + 1, acc, 0.0), axis=0)))
     tl.store(out + 2, tl.max(tl.where(j == K + 2, peak, 0.0), axis=0))
     tl.store(out + 3 + j, acc, mask=j < K)
+
+
+def add_per_tensor(per_row: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, out: torch.Tensor) -> None:
+    """Queue out[i] = rows [lo[i], hi[i]) of per_row [rows, K + 3] added in a fixed order, as (sum, L2 norm, max
+    |x|, the K sketch values): the same bits on every run. Allocates nothing."""
+    _per_tensor_kernel[(out.shape[0],)](per_row, lo, hi, out, K=sketch.K, BLOCK=_SUM_BLOCK,
+                                        V=triton.next_power_of_2(ROW_VALUES))
 
 
 def supported(t: torch.Tensor) -> bool:
@@ -328,8 +337,7 @@ def compute(p: Plan, s: Slot) -> None:
                                       BITS=bits, PER=per, FULL=full, K=K, COLUMNS=sketch.COLUMNS,
                                       CHUNK=chunk, ROW_TILE=tile, num_warps=NUM_WARPS,
                                       A1=a1, A2=a2, A3=a3, A4=a4, A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5)
-        _per_tensor_kernel[(p.tensors,)](s.per_prog, p.tensor_start, s.values, K=K, BLOCK=_SUM_BLOCK,
-                                         V=triton.next_power_of_2(ROW_VALUES))
+        add_per_tensor(s.per_prog, p.tensor_start, p.tensor_start[1:], s.values)
     _finalize_kernel[(triton.cdiv(p.tensors, _FINAL_BLOCK),)](s.sums, p.len_mix, s.final, p.tensors,
                                                                BLOCK=_FINAL_BLOCK, A1=a1, A2=a2, A3=a3, A4=a4,
                                                                A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5)
