@@ -18,6 +18,6 @@ timeout 60 python3 bench/onepass.py 2>&1 | tee "$OUT/onepass.txt"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/tensors/test_onepass.py \
   tests/tensors/test_drift.py tests/sdk/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"
 echo "${PIPESTATUS[0]}" > "$OUT/gpu_tests.rc"
-timeout 400 python3 bench/sdk_overhead.py --procs 3 --blocks 8 --block-steps 20 --warmup 10 --before \
+timeout 400 python3 bench/sdk_overhead.py --procs 3 --blocks 6 --block-steps 20 --warmup 10 --before \
   --out "$OUT/$(date -u +%F)-h200-sdk-overhead" 2>&1 | tee "$OUT/sdk_overhead.txt"
 echo "tests exit $(cat "$OUT/gpu_tests.rc"); bench exit ${PIPESTATUS[0]}"
