@@ -12,6 +12,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from detlab.backend.models import QUEUED, Run
+from detlab.backend.services import embedded_broker
 from detlab.core.broker import EXECUTE_RUN, celery_conf
 from detlab.core.settings import Settings, get_settings
 
@@ -28,6 +29,8 @@ def celery_app() -> Celery:
     if app.conf.broker_url.startswith("redis"):
         app.conf.broker_transport_options = {**(app.conf.broker_transport_options or {}),
                                              "socket_connect_timeout": CONNECT_TIMEOUT_S}
+    elif app.conf.broker_url.startswith("filesystem"):
+        app.conf.broker_transport = embedded_broker.PATH  # messages appear whole (embedded_broker)
     return app
 
 
