@@ -26,7 +26,6 @@ from detlab.core import sketch
 from detlab.tensors import onepass_triton
 
 DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float64: tl.float64}
-ROW_VALUES = sketch.K + 3  # K buckets, sum, sum of squares, max |x|
 SLOTS = 512  # columns per bucket in the gather table: cs1's buckets hold 230 to 295 of the 4096 columns
 NUM_WARPS = 4  # of 4, 8 and 16, the fastest on an H200 (1.29, 1.79 and 1.92 ms on GPT-2-small's 0.5 GB)
 
@@ -129,7 +128,7 @@ def compute(tensors: Sequence[torch.Tensor], indices: Sequence[int], device: tor
     if not plan.rows:
         return out
     columns = _column_map(device)
-    per_row = torch.empty((plan.rows, ROW_VALUES), dtype=torch.float64, device=device)
+    per_row = torch.empty((plan.rows, onepass_triton.ROW_VALUES), dtype=torch.float64, device=device)
     for group in plan.groups:
         addr, count, bucket, sign = group.table
         _rows_kernel[(addr.numel(),)](addr, count, bucket, sign, *columns, per_row[group.first :], ELEM=group.elem,

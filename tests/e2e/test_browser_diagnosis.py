@@ -19,7 +19,8 @@ SCATTER_OPS = {"aten.index_put_", "aten.index_put", "aten.index_add_"}
 
 def finished(stack: Stack, wait: Callable[[], None]) -> None:
     """`wait` for a job's verdict on its page; if it never comes, say what the server and its worker logged (the
-    op-audit job once stayed queued in CI with its worker silent, and passed on every rerun)."""
+    op-audit job once stayed queued in CI with its worker silent: the embedded broker race that
+    backend/services/embedded_broker.py closes)."""
     try:
         wait()
     except AssertionError as exc:
