@@ -106,7 +106,10 @@ with open(Path(spec.spool_dir) / f"rank{rank}.jsonl", "a") as f:
 if behaviour.startswith("spawn"):  # a child of its own, as a data-loader worker or a compiler would be
     import subprocess
     child = subprocess.Popen(["sleep", "60"])
-    (Path(spec.spool_dir) / f"child{rank}.pid").write_text(str(child.pid))
+    # Written whole (then renamed): the test reads it while this rank runs, and an empty file is not a pid.
+    partial = Path(spec.spool_dir) / f"child{rank}.pid.partial"
+    partial.write_text(str(child.pid))
+    partial.replace(Path(spec.spool_dir) / f"child{rank}.pid")
     if behaviour == "spawn-and-wait":
         time.sleep(60)
 """
