@@ -13,7 +13,10 @@ the overhead is that median against `none`'s.
 
 It writes `--out DIR/sdk_overhead.json` (default results/<date>-<device>-sdk-overhead/) = {"device", "model",
 "step_ms": {"none", "default", "no_drift"}, "overhead_pct": {"default", "no_drift"}, "processes_per_mode",
-"blocks"} plus every block's time per process, and prints it.
+"blocks"} plus every block's time per process, and prints it. It also states the noise: `none`'s processes
+differ among themselves ("noise_pct": their spread, (max - min) / median), and each mode's overhead per round
+(against that round's `none`) ranges over "overhead_range_pct"; an overhead no larger than the noise is printed
+as within noise, not as a figure to compare with a target.
 """
 
 from __future__ import annotations
@@ -226,7 +229,13 @@ def main() -> None:
             # After every round, so that a run cut short still leaves its figures.
             written = write(args, runs, final=r == args.procs - 1)
     print(json.dumps({k: written[k] for k in ("device", "model", "step_ms", "overhead_pct", "processes_per_mode",
-                                              "blocks")}, indent=1))
+                                              "blocks", "noise_pct", "overhead_range_pct")}, indent=1))
+    noise = written["noise_pct"]
+    for mode, pct in written["overhead_pct"].items():
+        lo, hi = written["overhead_range_pct"][mode]
+        said = ("noise not measured (one process per mode)" if noise is None else
+                f"none's processes spread {noise:.2f} %" + (": within noise" if abs(pct) <= noise else ""))
+        print(f"{mode}: {pct:+.2f} %, per round {lo:+.2f} to {hi:+.2f} %; {said}")
 
 
 def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final: bool) -> dict[str, Any]:
@@ -240,6 +249,8 @@ def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final
              f"SDPA, {'fused' if 'cuda' in args.device else 'foreach'} AdamW, bf16 autocast")
     if args.size == "mnist":
         model = "PyTorch's MNIST example (2 conv, 2 linear, dropout) batch 64, Adadelta, fp32"
+    per_round = {m: [(a / b - 1) * 100 for a, b in zip(per_proc[m], per_proc["none"], strict=False)]
+                 for m in recorded}
     result = {
         "device": device,
         "model": model + (", torch.compile" if args.compile else ""),
@@ -250,8 +261,10 @@ def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final
         "block_steps": args.block_steps,
         "complete": final,
         "per_process_median_ms": per_proc,
-        "per_process_overhead_pct": {
-            m: [(a / b - 1) * 100 for a, b in zip(per_proc[m], per_proc["none"], strict=False)] for m in recorded},
+        "per_process_overhead_pct": per_round,
+        "noise_pct": ((max(per_proc["none"]) - min(per_proc["none"])) / statistics.median(per_proc["none"]) * 100
+                      if len(per_proc["none"]) > 1 else None),  # one process: not measured
+        "overhead_range_pct": {m: [min(v), max(v)] for m, v in per_round.items()},
         "block_ms": {m: [run["block_ms"] for run in runs[m]] for m in modes},
         "torch": runs["none"][0]["torch"],
         "date": datetime.date.today().isoformat(),
