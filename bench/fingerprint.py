@@ -243,6 +243,12 @@ def bench_cpu(res: dict[str, Any]) -> None:
         res["numba-cpu fingerprint"] = bandwidth(nbytes, fast)
         res["hashlib sha256, interleaved with numba-cpu"] = bandwidth(nbytes, sha)
         res["numba-cpu / sha256 (median speed ratio)"] = round(statistics.median(sha) / statistics.median(fast), 2)
+    from detlab.tensors import drift_numba
+
+    if drift_numba.available():  # the recorder's writer thread also takes the stats and sketch (one thread)
+        maps = drift_numba.row_maps([x.numel()], [0])
+        sketched = time_cpu(lambda: drift_numba.values(maps, [x]), 5)
+        res["numba-cpu stats and sketch, one thread"] = bandwidth(nbytes, sketched)
 
 
 def bench_sum_reference(nbytes: int) -> dict[str, float]:
