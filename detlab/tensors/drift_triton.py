@@ -107,7 +107,9 @@ def _plan(tensors: Sequence[torch.Tensor], indices: Sequence[int], device: torch
             starts = np.arange(rows, dtype=np.int64) * sketch.COLUMNS
             b2, s2 = sketch.row_map(indices[i], rows)
             addrs, counts = t.data_ptr() + starts * t.element_size(), np.minimum(n - starts, sketch.COLUMNS)
-            for part, values in zip(parts, (addrs, counts, b2.astype(np.int32), s2), strict=True):
+            # Typed: mypy's join of these four arrays' types depends on the order it reads modules (object, once).
+            columns: tuple[np.ndarray, ...] = (addrs, counts, b2.astype(np.int32), s2)
+            for part, values in zip(parts, columns, strict=True):
                 part.append(values)
             lo[i], hi[i] = at, at + rows
             at += rows
