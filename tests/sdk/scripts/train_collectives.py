@@ -21,6 +21,7 @@ Usage: python train_collectives.py OUT [--steps N] [--reversed-positions] [--pla
 from __future__ import annotations
 
 import argparse
+import datetime
 from typing import Any
 
 import torch
@@ -80,7 +81,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo")
+    # A collective stuck past 120 s raises (gloo names it) instead of hanging the test to its own timeout.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.reduce_order:
         c10d.all_reduce = dist.all_reduce = ordered_all_reduce(args.reduce_order == "reverse")
