@@ -4,9 +4,7 @@ gloo under torchrun (tests/sdk/scripts/train_collectives.py), and the wrapped fu
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,42 +17,15 @@ import torch.distributed as dist
 import detlab
 from detlab.tensors.collectives import WRAPPED
 from detlab.tensors.fingerprint import fingerprint
+from tests.ranks import launcher, run_ranks
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_collectives.py"
-TORCHRUN = Path(sys.executable).parent / "torchrun"
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):  # a process that ended while being read
-            continue
-    return found
 
 
 def record(out: Path, *args: str, ranks: int = 2) -> Path:
-    """Run the script under torchrun into `out`. Past 150 s (it takes 20 s on a loaded 2-core machine), before
-    pytest-timeout's 300 s would stop the test with nothing to show, every rank and then torchrun are aborted
-    (torchrun starts each rank in a session of its own, so a signal to torchrun's group does not reach them;
-    PYTHONFAULTHANDLER makes each print its Python stack) and the failure shows the end of what they printed."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONFAULTHANDLER"] = "1"
-    proc = subprocess.Popen([str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks), str(SCRIPT), str(out),
-                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        for rank in _children(proc.pid):
-            os.killpg(rank, signal.SIGABRT)
-        os.killpg(proc.pid, signal.SIGABRT)
-        output, _ = proc.communicate(timeout=60)
-        raise AssertionError(f"torchrun {' '.join(args)} ran past 150 s:\n{output[-8000:]}") from None
-    assert proc.returncode == 0, output[-3000:]
+    """Run the script under torchrun into `out`."""
+    done = run_ranks([*launcher(ranks), str(SCRIPT), str(out), *args], merge_output=True)
+    assert done.returncode == 0, done.stdout[-3000:]
     return out
 
 

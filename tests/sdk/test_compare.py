@@ -4,7 +4,6 @@ what docs/sdk.md shows), in one process and as two ranks under torchrun (gloo, D
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,19 +11,17 @@ from typing import Any
 
 import pytest
 
+from tests.ranks import launcher, rank_env, run_ranks
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train.py"
-TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 def record(out: Path, *args: str, ranks: int = 1, flip: str | None = None) -> Path:
     """Run the script into `out`; `flip` = STEP:RANK:TENSOR moves one element of TENSOR by one ulp."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = rank_env()
     if flip:
         env["DETLAB_TEST_FLIP"] = flip
-    # --standalone: torchrun picks a free port itself (a fixed one collides with other tests)
-    launch = [sys.executable] if ranks == 1 else [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)]
-    done = subprocess.run([*launch, str(SCRIPT), str(out), *args], env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = run_ranks([*launcher(ranks), str(SCRIPT), str(out), *args], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 

@@ -14,8 +14,9 @@ import pytest
 
 from detlab.sdk import load_run
 from tests.conftest import ROOT
+from tests.ranks import rank_env, run_ranks
 
-pytestmark = pytest.mark.timeout(900)  # each example may run for minutes (run()'s own limit is 300 s a call)
+pytestmark = pytest.mark.timeout(900)  # each example may run for minutes (run() aborts a call past 300 s)
 
 DOC = ROOT / "docs" / "sdk.md"
 BLOCK = re.compile(r"```(?:python|bash)\n# ([\w.-]+)[^\n]*\n(.*?)```", re.S)
@@ -37,9 +38,9 @@ def save(workdir: Path) -> Path:
 
 def run(workdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     bin_dir = str(Path(sys.executable).parent)  # python, torchrun and detlab of this environment
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = rank_env()
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-    return subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+    return run_ranks(argv, env=env, cwd=workdir, limit_s=300)
 
 
 def test_the_ci_gate_passes_on_two_runs_of_the_plain_loop(tmp_path: Path) -> None:

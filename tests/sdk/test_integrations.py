@@ -6,7 +6,6 @@ changed by a callback at a chosen step is named with that step."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,21 +14,18 @@ import pytest
 
 from detlab.core.compare import compare_runs
 from detlab.sdk import load_run
+from tests.ranks import launcher, run_ranks
 from tests.sdk.test_compare import compare, verdict
 
-pytestmark = pytest.mark.timeout(600)  # two trainer runs of up to 300 s each
+pytestmark = pytest.mark.timeout(600)  # two trainer runs, each aborted past 180 s (tests/ranks.py)
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LIGHTNING, HF = SCRIPTS / "train_lightning.py", SCRIPTS / "train_hf.py"
-TORCHRUN = Path(sys.executable).parent / "torchrun"
 RECORD_ALL = ("--grads", "--optimizer-state")
 
 
 def train(script: Path, out: Path, *args: str, ranks: int = 1) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    launch = [sys.executable] if ranks == 1 else [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)]
-    return subprocess.run([*launch, str(script), str(out), *args], env=env, capture_output=True, text=True,
-                          timeout=300)
+    return run_ranks([*launcher(ranks), str(script), str(out), *args])
 
 
 def record(script: Path, out: Path, *args: str, ranks: int = 1) -> Path:

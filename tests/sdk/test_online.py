@@ -18,10 +18,10 @@ from sqlalchemy import create_engine, func, select
 from detlab.backend.models import Job, Run, StepRecord
 from tests.conftest import ROOT, free_port
 from tests.e2e.conftest import Stack, stack_env
+from tests.ranks import finish_ranks, launcher, start_ranks
 from tests.waiting import wait_until
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train.py"
-TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 def wait_live(stack: Stack, timeout: float = 120.0) -> None:
@@ -61,16 +61,14 @@ def script_env(stack: Stack, tmp_path: Path, token: bool = True) -> dict[str, st
 
 def train(stack: Stack, tmp_path: Path, out: str, *args: str, ranks: int = 1,
           token: bool = True) -> subprocess.Popen[str]:
-    launch = [sys.executable] if ranks == 1 else [str(TORCHRUN), "--standalone", "--nproc-per-node", str(ranks)]
-    return subprocess.Popen([*launch, str(SCRIPT), out, "--server", stack.url, *args],
-                            env=script_env(stack, tmp_path, token),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return start_ranks([*launcher(ranks), str(SCRIPT), out, "--server", stack.url, *args],
+                       env=script_env(stack, tmp_path, token), merge_output=True)
 
 
 def finished(proc: subprocess.Popen[str]) -> str:
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    return out
+    done = finish_ranks(proc)
+    assert done.returncode == 0, done.stdout[-3000:]
+    return done.stdout
 
 
 def stored(stack: Stack) -> dict[int, tuple[str, str, int, int]]:

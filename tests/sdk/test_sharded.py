@@ -4,7 +4,6 @@ ranks under torchrun on CPU (tests/sdk/scripts/train_sharded.py), compared shard
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,18 +13,17 @@ import pytest
 
 from detlab.core.shards import RankTensor
 from detlab.sdk import load_run
+from tests.ranks import launcher, rank_env, run_ranks
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_sharded.py"
-TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 def record(out: Path, *args: str, flip: str | None = None) -> Path:
     """Run the script as two ranks into `out`; `flip` = STEP:RANK:TENSOR moves one element of RANK's shard."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = rank_env()
     if flip:
         env["DETLAB_TEST_FLIP"] = flip
-    done = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(out), *args],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = run_ranks([*launcher(2), str(SCRIPT), str(out), *args], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
