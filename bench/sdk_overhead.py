@@ -16,7 +16,9 @@ It writes `--out DIR/sdk_overhead.json` (default results/<date>-<device>-sdk-ove
 "blocks"} plus every block's time per process, and prints it. It also states the noise: `none`'s processes
 differ among themselves ("noise_pct": their spread, (max - min) / median), and each mode's overhead per round
 (against that round's `none`) ranges over "overhead_range_pct"; an overhead no larger than the noise is printed
-as within noise, not as a figure to compare with a target.
+as within noise, not as a figure to compare with a target. Each recorded mode also gives the time the loop's own
+thread spends inside `rec.step` ("rec_step_host_ms"): an overhead near the device's kernels plus this time says
+the loop pays the host's work; one near the kernels alone, that the device's queue hides it.
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize(device)
 
     step = 0
+    in_rec: list[float] = []  # seconds inside rec.step, per timed step
 
     def steps(n: int) -> None:
         nonlocal step
@@ -160,11 +163,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             opt.step()
             opt.zero_grad(set_to_none=True)
             if rec is not None:
+                t = time.perf_counter()
                 rec.step(step, model, loss=loss)
+                in_rec.append(time.perf_counter() - t)
             step += 1
 
     steps(args.warmup)
     sync()
+    in_rec.clear()
     blocks = []
     for _ in range(args.blocks):
         t0 = time.perf_counter()
@@ -179,6 +185,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         assert rec.out is not None
         recorded = len(load_run(rec.out).steps())
     return {"mode": args.mode, "pid": os.getpid(), "block_ms": blocks, "steps_recorded": recorded,
+            "rec_step_host_ms": statistics.median(in_rec) * 1e3 if in_rec else None,
             "steps": step, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__}
 
@@ -235,7 +242,8 @@ def main() -> None:
         lo, hi = written["overhead_range_pct"][mode]
         said = ("noise not measured (one process per mode)" if noise is None else
                 f"none's processes spread {noise:.2f} %" + (": within noise" if abs(pct) <= noise else ""))
-        print(f"{mode}: {pct:+.2f} %, per round {lo:+.2f} to {hi:+.2f} %; {said}")
+        print(f"{mode}: {pct:+.2f} %, per round {lo:+.2f} to {hi:+.2f} %, the loop's thread inside rec.step "
+              f"{written['rec_step_host_ms'][mode]:.3f} ms a step; {said}")
 
 
 def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final: bool) -> dict[str, Any]:
@@ -265,6 +273,11 @@ def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final
         "noise_pct": ((max(per_proc["none"]) - min(per_proc["none"])) / statistics.median(per_proc["none"]) * 100
                       if len(per_proc["none"]) > 1 else None),  # one process: not measured
         "overhead_range_pct": {m: [min(v), max(v)] for m, v in per_round.items()},
+        # The loop's own thread inside rec.step (queueing the device's work, handing the record to the writer):
+        # the median over processes of each one's median step. Beside the overhead it tells whether the loop pays
+        # the host's work (overhead about kernels plus this) or the device hides it (overhead about kernels).
+        "rec_step_host_ms": {m: statistics.median(run["rec_step_host_ms"] for run in runs[m]) for m in recorded},
+        "per_process_rec_step_host_ms": {m: [run["rec_step_host_ms"] for run in runs[m]] for m in recorded},
         "block_ms": {m: [run["block_ms"] for run in runs[m]] for m in modes},
         "torch": runs["none"][0]["torch"],
         "date": datetime.date.today().isoformat(),

@@ -31,3 +31,8 @@ def test_the_sdk_overhead_bench_runs_tiny_on_the_cpu(tmp_path: Path) -> None:
         line = next(x for x in out.stdout.splitlines() if x.startswith(f"{mode}: "))
         assert line.startswith(f"{mode}: {pct:+.2f} %, per round") and line.endswith(": within noise") == (
             abs(pct) <= result["noise_pct"]), line
+        # The loop's own thread inside rec.step: each process's median step, then the median of those.
+        host = result["per_process_rec_step_host_ms"][mode]
+        assert len(host) == 2 and all(ms > 0 for ms in host)
+        assert result["rec_step_host_ms"][mode] == statistics.median(host)
+        assert f"the loop's thread inside rec.step {statistics.median(host):.3f} ms a step; " in line
