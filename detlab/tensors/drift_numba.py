@@ -55,17 +55,23 @@ def _kernel() -> Any:
             m = min(C, n - base)
             # The row and its columns' sums as slices indexed from 0 to m: no index can be negative, so numba
             # drops its wrap-around branch from every access (3.12 to 3.61 GB/s: results/2026-12-03-cpu-sketch-slices).
+            # Three loops over the row (it stays in L1): the one loop that wrote all four arrays compiled to scalar
+            # adds; the first two of these compile to packed ones (results/2026-12-04-cpu-sketch-loops).
             row = x[base : base + m]
             a = acc[g, :m]
+            for c in range(m):
+                a[c] += s * np.float64(row[c])
             sums = total[:m]
             sq = squares[:m]
-            pk = peak[:m]
             for c in range(m):
                 v = np.float64(row[c])
-                a[c] += s * v
                 sums[c] += v
                 sq[c] += v * v
-                pk[c] = max(pk[c], abs(v))
+            pk = peak[:m]
+            for c in range(m):
+                v = abs(np.float64(row[c]))
+                if v > pk[c]:
+                    pk[c] = v
         t = 0.0
         q = 0.0
         p = 0.0
