@@ -18,7 +18,9 @@ differ among themselves ("noise_pct": their spread, (max - min) / median), and e
 (against that round's `none`) ranges over "overhead_range_pct"; an overhead no larger than the noise is printed
 as within noise, not as a figure to compare with a target. Each recorded mode also gives the time the loop's own
 thread spends inside `rec.step` ("rec_step_host_ms"): an overhead near the device's kernels plus this time says
-the loop pays the host's work; one near the kernels alone, that the device's queue hides it.
+the loop pays the host's work; one near the kernels alone, that the device's queue hides it. The time includes
+any wait for the writer (a loop four records ahead of it waits in `rec.step`), so it bounds the host's work from
+above.
 """
 
 from __future__ import annotations
@@ -273,7 +275,8 @@ def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final
         "noise_pct": ((max(per_proc["none"]) - min(per_proc["none"])) / statistics.median(per_proc["none"]) * 100
                       if len(per_proc["none"]) > 1 else None),  # one process: not measured
         "overhead_range_pct": {m: [min(v), max(v)] for m, v in per_round.items()},
-        # The loop's own thread inside rec.step (queueing the device's work, handing the record to the writer):
+        # The loop's own thread inside rec.step (queueing the device's work, handing the record to the writer, and
+        # waiting for the writer if four records already wait):
         # the median over processes of each one's median step. Beside the overhead it tells whether the loop pays
         # the host's work (overhead about kernels plus this) or the device hides it (overhead about kernels).
         "rec_step_host_ms": {m: statistics.median(run["rec_step_host_ms"] for run in runs[m]) for m in recorded},
