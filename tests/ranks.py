@@ -9,10 +9,12 @@ torchrun's process group nor subprocess.run's timeout (which kills torchrun alon
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,7 +42,7 @@ def start_ranks(argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: 
 
 
 def _descendants(pid: int) -> list[int]:
-    """Every process under `pid`, children before their own children (from /proc)."""
+    """Every process under `pid`, parents before their children (from /proc)."""
     parents: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -56,27 +58,39 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _signal(pids: Sequence[int], sig: signal.Signals) -> None:
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _abort(pids: Sequence[int]) -> None:
+    """SIGABRT each in turn, waiting (up to 10 s) until it has ended before the next: the stacks they print into
+    one pipe do not interleave, and a launcher aborted before its ranks cannot end them first its own way
+    (torchrun sends SIGTERM, which prints no stack)."""
     for pid in pids:
         try:
-            os.kill(pid, sig)
+            os.kill(pid, signal.SIGABRT)
         except ProcessLookupError:
-            pass
+            continue
+        deadline = time.monotonic() + 10
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def finish_ranks(proc: subprocess.Popen[str], limit_s: float = LIMIT_S) -> subprocess.CompletedProcess[str]:
-    """Wait for a launch from `start_ranks`; past `limit_s`, abort every process under it, the deepest first,
-    then the launch itself, and fail with what they printed."""
+    """Wait for a launch from `start_ranks`; past `limit_s`, abort the launch and every process under it, one at
+    a time from the top, and fail with what they printed."""
     try:
         out, err = proc.communicate(timeout=limit_s)
     except subprocess.TimeoutExpired:
-        tree = _descendants(proc.pid)
-        _signal([*reversed(tree), proc.pid], signal.SIGABRT)
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            _signal([*tree, proc.pid], signal.SIGKILL)
-            out, err = proc.communicate()
+        tree = [proc.pid, *_descendants(proc.pid)]  # read first: aborted parents' children move to init
+        _abort(tree)
+        for pid in filter(_running, tree):  # what SIGABRT did not end (a process stuck writing into a full pipe)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate()
         raise AssertionError(f"{proc.args!r} ran past {limit_s:g} s; every process under it was "
                              f"aborted:\n{(out or '')[-6000:]}\n{(err or '')[-6000:]}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -35,7 +35,8 @@ def test_a_stuck_launch_shows_every_ranks_stack_and_leaves_none_running(tmp_path
     assert len(ranks) == 2
     with pytest.raises(AssertionError, match="ran past 0.5 s; every process under it was aborted") as failed:
         finish_ranks(proc, limit_s=0.5)
-    assert str(failed.value).count("Fatal Python error: Aborted") >= 2, str(failed.value)
+    # One process at a time: torchrun's stack and each rank's, whole (faulthandler writes a line in pieces).
+    assert str(failed.value).count("Fatal Python error: Aborted") == 3, str(failed.value)
     assert str(failed.value).count('stuck.py", line 4 in <module>') == 2, str(failed.value)
     assert not [pid for pid in ranks if alive(pid)]
 
