@@ -276,9 +276,9 @@ def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final
                       if len(per_proc["none"]) > 1 else None),  # one process: not measured
         "overhead_range_pct": {m: [min(v), max(v)] for m, v in per_round.items()},
         # The loop's own thread inside rec.step (queueing the device's work, handing the record to the writer, and
-        # waiting for the writer if four records already wait):
-        # the median over processes of each one's median step. Beside the overhead it tells whether the loop pays
-        # the host's work (overhead about kernels plus this) or the device hides it (overhead about kernels).
+        # waiting for the writer if four records already wait): the median over processes of each one's median
+        # step. Beside the overhead it tells whether the loop pays the host's work (overhead about kernels plus
+        # this) or the device hides it (overhead about kernels).
         "rec_step_host_ms": {m: statistics.median(run["rec_step_host_ms"] for run in runs[m]) for m in recorded},
         "per_process_rec_step_host_ms": {m: [run["rec_step_host_ms"] for run in runs[m]] for m in recorded},
         "block_ms": {m: [run["block_ms"] for run in runs[m]] for m in modes},

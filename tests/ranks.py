@@ -58,7 +58,8 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie has)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
@@ -75,7 +76,7 @@ def _abort(pids: Sequence[int]) -> None:
         except ProcessLookupError:
             continue
         deadline = time.monotonic() + 10
-        while _running(pid) and time.monotonic() < deadline:
+        while running(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
@@ -87,7 +88,7 @@ def finish_ranks(proc: subprocess.Popen[str], limit_s: float = LIMIT_S) -> subpr
     except subprocess.TimeoutExpired:
         tree = [proc.pid, *_descendants(proc.pid)]  # read first: aborted parents' children move to init
         _abort(tree)
-        for pid in filter(_running, tree):  # what SIGABRT did not end (a process stuck writing into a full pipe)
+        for pid in filter(running, tree):  # what SIGABRT did not end (a process stuck writing into a full pipe)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate()

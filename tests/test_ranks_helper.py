@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ranks import finish_ranks, launcher, start_ranks
+from tests.ranks import finish_ranks, launcher, running, start_ranks
 from tests.waiting import wait_until
 
 STUCK = """
@@ -15,13 +15,6 @@ import os, sys, time
 open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").close()
 time.sleep(600)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_stuck_launch_shows_every_ranks_stack_and_leaves_none_running(tmp_path: Path) -> None:
@@ -38,7 +31,7 @@ def test_a_stuck_launch_shows_every_ranks_stack_and_leaves_none_running(tmp_path
     # One process at a time: torchrun's stack and each rank's, whole (faulthandler writes a line in pieces).
     assert str(failed.value).count("Fatal Python error: Aborted") == 3, str(failed.value)
     assert str(failed.value).count('stuck.py", line 4 in <module>') == 2, str(failed.value)
-    assert not [pid for pid in ranks if alive(pid)]
+    assert not [pid for pid in ranks if running(pid)]
 
 
 def _cmdline(proc: Path) -> str:
