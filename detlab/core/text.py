@@ -18,6 +18,8 @@ UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 def text_error(value: str) -> str | None:
     """Why `value` cannot be stored, or None when it can."""
+    if value.isascii() and "\x00" not in value:  # no surrogate is ASCII; both tests run in C, no regex scan
+        return None
     found = UNSTORABLE.search(value)
     if found is None:
         return None
