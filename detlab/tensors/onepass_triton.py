@@ -211,14 +211,14 @@ def _column_map(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass(eq=False)
 class Slot:
-    """One queued step's buffers: lane sums, per-program values, per-tensor results, their pinned host copies."""
+    """One queued step's buffers: lane sums, per-program values, the results and their pinned host copy."""
 
     sums: torch.Tensor  # int64[n, 2]
     per_prog: torch.Tensor  # float64[programs, K + 3]
-    values: torch.Tensor  # float64[n, 3 + K]: sum, L2 norm, max |x|, then the sketch
-    final: torch.Tensor  # int64[n, 2] digests
-    host_digests: torch.Tensor  # pinned
-    host_values: torch.Tensor  # pinned
+    results: torch.Tensor  # int64[n * (2 + 3 + K)]: `final`, then `values`' bits: one copy to the host
+    final: torch.Tensor  # int64[n, 2] digests, a view of `results`
+    values: torch.Tensor  # float64[n, 3 + K]: sum, L2 norm, max |x|, then the sketch; a view of `results`
+    host: torch.Tensor  # pinned, as `results`
     graph: torch.cuda.CUDAGraph | None = None
     runs: int = 0
     busy: bool = False
@@ -315,20 +315,19 @@ def _runs(keys: np.ndarray) -> list[tuple[int, int, int, int]]:
 
 def _new_slot(p: Plan) -> Slot:
     n, dev = p.tensors, p.device
-    pin = dev.type == "cuda"
+    results = torch.zeros(n * (2 + ROW_VALUES), dtype=torch.int64, device=dev)
     return Slot(sums=torch.zeros((n, 2), dtype=torch.int64, device=dev),
                 per_prog=torch.zeros((p.programs, ROW_VALUES), dtype=torch.float64, device=dev),
-                values=torch.zeros((n, sketch.STATS + sketch.K), dtype=torch.float64, device=dev),
-                final=torch.zeros((n, 2), dtype=torch.int64, device=dev),
-                host_digests=torch.zeros((n, 2), dtype=torch.int64, pin_memory=pin),
-                host_values=torch.zeros((n, sketch.STATS + sketch.K), dtype=torch.float64, pin_memory=pin))
+                results=results, final=results[: 2 * n].view(n, 2),
+                values=results[2 * n :].view(torch.float64).view(n, ROW_VALUES),
+                host=torch.zeros_like(results, device="cpu", pin_memory=dev.type == "cuda"))
 
 
 def compute(p: Plan, s: Slot) -> None:
-    """Queue the whole step into slot `s`: zero, the one-pass kernel, per-tensor sums, finalisation, copies
-    to the slot's host buffers. Allocates nothing (capturable as a CUDA graph)."""
+    """Queue the whole step into slot `s`: zero the lane sums, the one-pass kernel, per-tensor sums (every row of
+    `values`: no zeroing), finalisation, one copy to the slot's host buffer. Allocates nothing (capturable as a
+    CUDA graph)."""
     s.sums.zero_()
-    s.values.zero_()
     (a1, a2, a3, a4, a5), (b1, b2, b3, b4, b5) = p.key.mixers
     K = sketch.K  # noqa: N806
     if p.programs:
@@ -341,8 +340,7 @@ def compute(p: Plan, s: Slot) -> None:
     _finalize_kernel[(triton.cdiv(p.tensors, _FINAL_BLOCK),)](s.sums, p.len_mix, s.final, p.tensors,
                                                                BLOCK=_FINAL_BLOCK, A1=a1, A2=a2, A3=a3, A4=a4,
                                                                A5=a5, B1=b1, B2=b2, B3=b3, B4=b4, B5=b5)
-    s.host_digests.copy_(s.final, non_blocking=True)
-    s.host_values.copy_(s.values, non_blocking=True)
+    s.host.copy_(s.results, non_blocking=True)
 
 
 def _capture(p: Plan, s: Slot) -> None:
@@ -383,8 +381,10 @@ def run(p: Plan, s: Slot) -> None:
 
 def read(p: Plan, s: Slot) -> tuple[list[str], np.ndarray]:
     """The digests and the [n, 3 + K] values of a run whose copies are known to be done."""
-    hexed = s.host_digests.numpy().view(np.uint64).astype(">u8").tobytes().hex()
-    return [f"{p.key.prefix}:{hexed[i : i + 32]}" for i in range(0, len(hexed), 32)], s.host_values.numpy().copy()
+    host = s.host.numpy()
+    hexed = host[: 2 * p.tensors].view(np.uint64).astype(">u8").tobytes().hex()
+    values = host[2 * p.tensors :].view(np.float64).reshape(p.tensors, ROW_VALUES).copy()
+    return [f"{p.key.prefix}:{hexed[i : i + 32]}" for i in range(0, len(hexed), 32)], values
 
 
 class OnePass:
