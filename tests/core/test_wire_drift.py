@@ -57,3 +57,11 @@ def test_oversized_drift_data_is_refused_before_it_is_decoded() -> None:
 def test_an_unknown_sketch_version_is_refused() -> None:
     with pytest.raises(ValidationError, match="cs1"):
         Drift.model_validate({**drift(), "version": "cs9"})
+
+
+@pytest.mark.parametrize("where, text", [("stats", "AB"), ("sketch", "zz"), ("stats", " 0"), ("sketch", "0\n")])
+def test_drift_data_that_is_not_lowercase_hex_is_refused(where: str, text: str) -> None:
+    body = drift()  # the first byte's two digits replaced: the length stays whole
+    body[where] = text + body[where][2:]
+    with pytest.raises(ValidationError, match=f"{where} must be lowercase hex"):
+        Drift.model_validate(body)
