@@ -401,14 +401,13 @@ class Recorder:
         def record() -> StepRecord:
             from detlab.tensors import fingerprint as fp
 
-            found = [fp.digest_to_bytes(d) for d in
-                     digests.result() + (grad_digests.result() if grad_digests is not None else [])]
+            packed = fp.digests_to_bytes(digests.result() + (grad_digests.result() if grad_digests is not None
+                                                             else []))
             if absent is not None:  # the restored state lacks some of the list (gradients, lost optimizer state)
                 placed = [ABSENT] * slots
-                for i, d in zip(absent, found, strict=True):
-                    placed[i] = d
-                found = placed
-            packed = b"".join(found)
+                for i, at in zip(absent, range(0, len(packed), fp.DIGEST_BYTES), strict=True):
+                    placed[i] = packed[at : at + fp.DIGEST_BYTES]
+                packed = b"".join(placed)
             value = read_loss()
             extra = StepState(batch=read_batch() if read_batch is not None else None, rng=rngs, optimizer=hyper)
             return StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION,

@@ -66,7 +66,7 @@ def _one(digests: list[str]) -> str:
 
     if len(digests) == 1:
         return digests[0]
-    return fp.fingerprint_bytes(b"".join(fp.digest_to_bytes(d) for d in digests))
+    return fp.fingerprint_bytes(fp.digests_to_bytes(digests))
 
 
 class _Work:

@@ -26,6 +26,7 @@ from detlab.tensors.fingerprint import (
     bytes_to_digest,
     certificate,
     digest_to_bytes,
+    digests_to_bytes,
     fingerprint,
     fingerprint_bytes,
     fingerprint_many,
@@ -682,11 +683,28 @@ def test_packing_roundtrip() -> None:
     assert bytes_to_digest(digest_to_bytes(old), "fp1") == old
 
 
-@pytest.mark.parametrize("bad", ["fp3:" + "0" * 32, "fp2:" + "0" * 31, "fp1:" + "A" * 32, "0" * 36,
-                                 "fp2-keyed:" + "0" * 32])
+MALFORMED = ["fp3:" + "0" * 32, "fp2:" + "0" * 31, "fp1:" + "A" * 32, "0" * 36, "fp2-keyed:" + "0" * 32,
+             "fp2:" + "0" * 32 + "\n"]
+
+
+@pytest.mark.parametrize("bad", MALFORMED)
 def test_digest_to_bytes_rejects_malformed_digests(bad: str) -> None:
     with pytest.raises(ValueError, match="fp1, fp2"):
         digest_to_bytes(bad)
+
+
+def test_a_list_of_digests_packs_as_each_one_does() -> None:
+    digests = [fingerprint(torch.arange(n, dtype=torch.float32), key=key) for n in range(5) for key in (FP1_KEY,
+                                                                                                         FP2_KEY)]
+    assert digests_to_bytes(digests) == b"".join(map(digest_to_bytes, digests))
+    assert digests_to_bytes([]) == b""
+
+
+@pytest.mark.parametrize("bad", [*MALFORMED, "", "fp2:" + "0" * 32 + "fp2:" + "0" * 32])
+def test_a_list_with_one_malformed_digest_is_refused_naming_it(bad: str) -> None:
+    good = fingerprint(torch.ones(3))
+    with pytest.raises(ValueError, match=f"not a fingerprint digest: {re.escape(repr(bad))}"):
+        digests_to_bytes([good, bad, good])
 
 
 def test_bytes_to_digest_rejects_wrong_length() -> None:

@@ -127,7 +127,7 @@ def train(spec: RankSpec) -> None:
     def record(step: int, loss: torch.Tensor | None, seconds: float) -> None:
         sketched = None if probing else sketcher.submit(params)  # a probe's steps before its own: digest only
         digests = fp.fingerprint_many(params)
-        packed = b"".join(fp.digest_to_bytes(d) for d in digests)
+        packed = fp.digests_to_bytes(digests)
         value = float(loss.item()) if loss is not None else None
         spool.write(StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION,
                                model_digest=fp.fingerprint_bytes(packed), digests="" if probing else packed.hex(),

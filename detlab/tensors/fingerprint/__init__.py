@@ -19,6 +19,7 @@ import numpy as np
 
 from .reference import (
     DEFAULT_KEY,
+    DIGEST_BYTES,
     FP1_KEY,
     FP2_KEY,
     FP_VERSION,
@@ -26,6 +27,7 @@ from .reference import (
     DigestKey,
     bytes_to_digest,
     digest_to_bytes,
+    digests_to_bytes,
     fingerprint_bytes,
 )
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_KEY",
+    "DIGEST_BYTES",
     "FP1_KEY",
     "FP2_KEY",
     "FP_VERSION",
@@ -43,6 +46,7 @@ __all__ = [
     "bytes_to_digest",
     "certificate",
     "digest_to_bytes",
+    "digests_to_bytes",
     "fingerprint",
     "fingerprint_bytes",
     "fingerprint_many",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +42,7 @@ WORD_BYTES = 8
 # Words per numpy chunk: bounds the reference's temporary memory to a few tens of MiB.
 CHUNK_WORDS = 1 << 20
 
-_DIGEST_RE = re.compile(r"^(fp[0-9]+):[0-9a-f]{32}$")
+_DIGEST_RE = re.compile(r"(fp[0-9]+):[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -157,12 +158,24 @@ def fingerprint_bytes(
 
 def digest_to_bytes(digest: str) -> bytes:
     """Pack a digest string of any public version into its 16 raw bytes (the version is not kept: store it)."""
-    if not _DIGEST_RE.match(digest) or digest.split(":")[0] not in PUBLIC_KEYS:
+    if not _DIGEST_RE.fullmatch(digest) or digest.split(":")[0] not in PUBLIC_KEYS:
         raise ValueError(
             f"not a fingerprint digest: {digest!r}; expected a version ({', '.join(PUBLIC_KEYS)}), ':' and 32 "
             "lowercase hex digits"
         )
     return bytes.fromhex(digest.split(":")[1])
+
+
+# A list of digests joined by newlines: one digest per line, so no item can hold two or none.
+_DIGEST_LINES_RE = re.compile(f"(?:(?:{'|'.join(PUBLIC_KEYS)}):[0-9a-f]{{32}}\n)*")
+_VERSION_RE = re.compile("fp[0-9]+:")
+
+
+def digests_to_bytes(digests: Sequence[str]) -> bytes:
+    """digest_to_bytes of each digest, joined (a step's list: one check and one decode for all)."""
+    if not _DIGEST_LINES_RE.fullmatch(lines := "".join(d + "\n" for d in digests)):
+        return b"".join(map(digest_to_bytes, digests))  # raises, naming the first bad digest
+    return bytes.fromhex(_VERSION_RE.sub("", lines))  # fromhex skips the newlines
 
 
 def bytes_to_digest(packed: bytes, version: str = FP_VERSION) -> str:
