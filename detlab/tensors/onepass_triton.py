@@ -8,10 +8,11 @@ Here an element of row r, column c goes to bucket (b1(c) + b2(r)) mod K with sig
 share their row bucket b2 can be added column by column first (each signed by its s2) and mapped to buckets
 once. One program takes a chunk of columns (KINDS: 1024, 512 of float64) of up to ROWS_PER_PROGRAM rows of one
 tensor that share b2. It loads a few rows' chunks at once as integers (one 16-byte load per thread and row),
-adds their values into per-column float64 sums (signed sum, sum, sum of squares, max |x|), and forms the
-fingerprint's 64-bit words from the same registers (no second read): word positions count from the tensor's
-first word, and an element past the tensor's end loads as zero, which is the spec's padding of a last partial
-word, so the lane sums are the fingerprint's exactly. At the end the program maps its columns to their K
+adds their values into per-column float64 signed sums (the sketch maps columns to buckets) and, per thread's
+16 bytes, into one sum, sum of squares and max |x| (fewer accumulators and adds than per column), and forms
+the fingerprint's 64-bit words from the same registers (no second read): word positions count from the
+tensor's first word, and an element past the tensor's end loads as zero, which is the spec's padding of a last
+partial word, so the lane sums are the fingerprint's exactly. At the end the program maps its columns to their K
 buckets, rotated by the group's b2: K + 3 values a program, and adds its lane sums into its tensor's with atomic
 integer adds (exact and order-independent). Programs are then added per tensor in a fixed order, and the
 finalisation kernel of triton_impl turns lane sums into digests.
@@ -50,8 +51,9 @@ from detlab.tensors.fingerprint.triton_impl import _finalize_kernel, _mix, _mix_
 
 # dtype -> (the kernel's element type, the integer type of its bits, elements in a 64-bit word, columns of a row
 # that one program reads, rows read at once). With 4 warps a thread holds 8 columns (4 of float64) of each row:
-# the fastest of the sizes timed on an H200 that keeps every dtype's kernel from spilling registers
-# (results/2026-12-03-h200-onepass-vector/kernel_sweep.txt).
+# the fastest of the sizes timed on an H200 that kept every dtype's kernel from spilling registers
+# (results/2026-12-03-h200-onepass-vector/kernel_sweep.txt). With the per-thread sums (sm_90, Triton 3.6):
+# 80 to 128 registers, no spills but 4 bytes in bfloat16's full-row kernel (results/2026-12-05-h200-sdk-overhead).
 KINDS = {torch.float32: (tl.float32, tl.int32, 2, 1024, 2), torch.bfloat16: (tl.bfloat16, tl.int16, 4, 1024, 4),
          torch.float16: (tl.float16, tl.int16, 4, 1024, 4), torch.float64: (tl.float64, tl.int64, 1, 512, 2)}
 CODES = {dtype: code for code, dtype in enumerate(KINDS)}
@@ -88,22 +90,26 @@ def _rows(base, q, first, count, row_index, row_sign, row_n, ELEM: tl.constexpr,
           FULL: tl.constexpr, COLUMNS: tl.constexpr, CHUNK: tl.constexpr, ROW_TILE: tl.constexpr,
           A1: tl.constexpr, A2: tl.constexpr, A3: tl.constexpr, A4: tl.constexpr, A5: tl.constexpr,
           B1: tl.constexpr, B2: tl.constexpr, B3: tl.constexpr, B4: tl.constexpr, B5: tl.constexpr):
-    # One program's rows (ROW_TILE at a time) of chunk q: per column, their signed sum, sum, sum of squares and
-    # max |x|; and the fingerprint's two lane sums of their words. `base` points at the tensor's elements' bits
-    # (16-byte aligned). FULL: every row covers the whole chunk, so a tile's only mask is which of its rows are
-    # the program's, constant along a row (vector loads); else the rows end where row_n says.
+    # One program's rows (ROW_TILE at a time) of chunk q: per column, their signed sum (the sketch maps columns
+    # to buckets); per group of G columns (one thread's 16-byte load), their sum, sum of squares and max |x|,
+    # and the fingerprint's two lane sums of their words. `base` points at the tensor's elements' bits (16-byte
+    # aligned). FULL: every row covers the whole chunk, so a tile's only mask is which of its rows are the
+    # program's, constant along a row (vector loads); else the rows end where row_n says.
     W: tl.constexpr = CHUNK // PER  # words of a row's chunk
+    G: tl.constexpr = 2 * PER  # elements in 16 bytes (two words): summed in the thread that loaded them
+    GROUPS: tl.constexpr = CHUNK // G
+    PEAK: tl.constexpr = tl.float64 if PER == 1 else tl.float32  # max |x| is exact in the element's own type
     cols = q * CHUNK + tl.arange(0, CHUNK)
     t = tl.arange(0, ROW_TILE)
     j = tl.arange(0, W).to(tl.uint64)
     step0 = j * 0x9E3779B97F4A7C15  # a word's position key pos * G as (first word's) + j * G: no multiply per word
     step1 = j * 0xD1B54A32D192ED03
     acc = tl.zeros([CHUNK], dtype=tl.float64)
-    total = tl.zeros([CHUNK], dtype=tl.float64)
-    squares = tl.zeros([CHUNK], dtype=tl.float64)
-    peak = tl.zeros([CHUNK], dtype=tl.float64)
-    lane0 = tl.zeros([W], dtype=tl.uint64)
-    lane1 = tl.zeros([W], dtype=tl.uint64)
+    total = tl.zeros([GROUPS], dtype=tl.float64)
+    squares = tl.zeros([GROUPS], dtype=tl.float64)
+    peak = tl.zeros([GROUPS], dtype=PEAK)
+    lane0 = tl.zeros([GROUPS], dtype=tl.uint64)
+    lane1 = tl.zeros([GROUPS], dtype=tl.uint64)
     for i in range(0, count, ROW_TILE):
         live = i + t < count
         r = tl.load(row_index + first + i + t, mask=live, other=0)
@@ -119,16 +125,19 @@ def _rows(base, q, first, count, row_index, row_sign, row_n, ELEM: tl.constexpr,
         x = bits.to(ELEM, bitcast=True)
         wide = x.to(tl.float64)
         acc += tl.sum(wide * sign[:, None], axis=0)
-        total += tl.sum(wide, axis=0)
-        squares += tl.sum(wide * wide, axis=0)
-        peak = tl.maximum(peak, tl.max(tl.abs(x), axis=0).to(tl.float64))
+        grouped = tl.reshape(wide, [ROW_TILE, GROUPS, G])
+        total += tl.sum(tl.sum(grouped, axis=2), axis=0)
+        squares += tl.sum(tl.sum(grouped * grouped, axis=2), axis=0)
+        peak = tl.maximum(peak, tl.max(tl.max(tl.reshape(tl.abs(x), [ROW_TILE, GROUPS, G]), axis=2), axis=0).to(PEAK))
         word = _words(bits, ROW_TILE, CHUNK, PER)
         at_word = ((r * COLUMNS + q * CHUNK) // PER).to(tl.uint64, bitcast=True)  # counted from the tensor's first
         key0 = (at_word * 0x9E3779B97F4A7C15)[:, None] + step0[None, :]
         key1 = (at_word * 0xD1B54A32D192ED03)[:, None] + step1[None, :]
-        lane0 += tl.sum(tl.where(keep, _mix(word ^ key0, A1, A2, A3, A4, A5), 0), axis=0)
-        lane1 += tl.sum(tl.where(keep, _mix(word ^ key1, B1, B2, B3, B4, B5), 0), axis=0)
-    return acc, total, squares, peak, tl.sum(lane0, axis=0), tl.sum(lane1, axis=0)
+        mixed0 = tl.where(keep, _mix(word ^ key0, A1, A2, A3, A4, A5), 0)
+        mixed1 = tl.where(keep, _mix(word ^ key1, B1, B2, B3, B4, B5), 0)
+        lane0 += tl.sum(tl.sum(tl.reshape(mixed0, [ROW_TILE, GROUPS, 2]), axis=2), axis=0)
+        lane1 += tl.sum(tl.sum(tl.reshape(mixed1, [ROW_TILE, GROUPS, 2]), axis=2), axis=0)
+    return acc, total, squares, peak.to(tl.float64), tl.sum(lane0, axis=0), tl.sum(lane1, axis=0)
 
 
 @triton.jit
