@@ -129,7 +129,7 @@ class Digester:
                 slot = _Slot(plan)
                 if not plan.copies:  # a plan with copies holds this call's bytes: never reused
                     self._keep(key, slot)
-            triton_impl.run(slot.plan)  # zero, kernel, copy to pinned host memory: queued, not waited for
+            triton_impl.run(slot.plan)  # zero, kernel, copy to pinned memory: queued; a CUDA graph once reused
             done = torch.cuda.Event()
             done.record()
 

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from detlab.core import sketch
 from detlab.tensors.fingerprint.reference import DEFAULT_KEY, DigestKey
-from detlab.tensors.fingerprint.triton_impl import _finalize_kernel, _mix, _mix_lanes
+from detlab.tensors.fingerprint.triton_impl import _finalize_kernel, _mix, _mix_lanes, capture
 
 # dtype -> (the kernel's element type, the integer type of its bits, elements in a 64-bit word, columns of a row
 # that one program reads, rows read at once). With 4 warps a thread holds 8 columns (4 of float64) of each row:
@@ -353,24 +353,11 @@ def compute(p: Plan, s: Slot) -> None:
 
 
 def _capture(p: Plan, s: Slot) -> None:
-    """As triton_impl._capture: on a side stream, without emptying the allocator's cache."""
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
     try:
-        with torch.cuda.stream(side):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                compute(p, s)
-            finally:
-                graph.capture_end()
+        s.graph = capture(functools.partial(compute, p, s))  # allocates nothing
     except RuntimeError as exc:  # e.g. the caller is capturing a graph itself: launch directly instead
         p.capturable = False
         warnings.warn(f"detlab: recording without a CUDA graph ({exc})", RuntimeWarning, stacklevel=4)
-        return
-    finally:
-        torch.cuda.current_stream().wait_stream(side)
-    s.graph = graph
 
 
 def run(p: Plan, s: Slot) -> None:

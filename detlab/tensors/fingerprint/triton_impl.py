@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -166,6 +166,7 @@ class Plan:
     host: torch.Tensor  # `final` copied back into pinned memory
     graph: torch.cuda.CUDAGraph | None = None  # zero, kernels and copy back, captured on the plan's first reuse
     capturable: bool = True  # False once a capture failed: launch directly from then on
+    runs: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)  # one run at a time uses sums and host
 
 
@@ -275,9 +276,10 @@ def _launch_and_copy(p: Plan) -> None:
     p.host.copy_(p.final, non_blocking=True)
 
 
-def _capture(p: Plan) -> None:
-    """Capture zeroing, kernel and copy back as one CUDA graph: a replay costs the host a few microseconds
-    where launching them costs tens. Only for a plan that ran once already (so the kernel is compiled).
+def capture(work: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """`work` (launches that allocate nothing, run once already so their kernels are compiled) captured as a
+    CUDA graph: a replay costs the host a few microseconds where launching costs tens per kernel. Raises
+    RuntimeError where it cannot be captured (e.g. the caller is capturing a graph itself).
 
     capture_begin/end on a side stream rather than `torch.cuda.graph`, which also empties the allocator's
     cache and runs the garbage collector: a training loop should not pay for that.
@@ -289,20 +291,24 @@ def _capture(p: Plan) -> None:
         with torch.cuda.stream(side):
             graph.capture_begin(capture_error_mode="thread_local")
             try:
-                _launch_and_copy(p)  # allocates nothing: every buffer belongs to the plan
+                work()
             finally:
                 graph.capture_end()
-    except RuntimeError as exc:  # e.g. the caller is capturing a graph itself: launch directly instead
-        p.capturable = False
-        warnings.warn(f"fingerprint: launching without a CUDA graph ({exc})", RuntimeWarning, stacklevel=4)
-        return
     finally:
         torch.cuda.current_stream().wait_stream(side)
-    p.graph = graph
+    return graph
 
 
 def run(p: Plan) -> None:
-    """Queue the digests and their copy to `p.host` on the current stream (call `digests` to read them)."""
+    """Queue the digests and their copy to `p.host` on the current stream (call `digests` to read them):
+    launched on the plan's first run, captured as a CUDA graph on its second, replayed from then on."""
+    if p.graph is None and p.runs and p.capturable:
+        try:
+            p.graph = capture(functools.partial(_launch_and_copy, p))  # every buffer belongs to the plan
+        except RuntimeError as exc:
+            p.capturable = False
+            warnings.warn(f"fingerprint: launching without a CUDA graph ({exc})", RuntimeWarning, stacklevel=3)
+    p.runs += 1
     if p.graph is not None:
         p.graph.replay()
     else:
@@ -371,8 +377,6 @@ def fingerprint_many_triton(
         kept = _kept(cache_key) if ptrs is not None else None
         if kept is not None:
             with kept.lock:
-                if kept.graph is None and kept.capturable:
-                    _capture(kept)
                 run(kept)
                 if kept.layout == _layout(tensors):
                     return digests(kept)
