@@ -130,8 +130,7 @@ class Digester:
                 if not plan.copies:  # a plan with copies holds this call's bytes: never reused
                     self._keep(key, slot)
             triton_impl.run(slot.plan)  # zero, kernel, copy to pinned memory: queued; a CUDA graph once reused
-            done = torch.cuda.Event()
-            done.record()
+            done = recorded_event()
 
         def read() -> list[str]:
             done.synchronize()  # this launch only; releases the GIL while it waits
@@ -145,6 +144,18 @@ class Digester:
 
 def _ready(digests: list[str]) -> Callable[[], list[str]]:
     return lambda: digests
+
+
+def recorded_event() -> torch.cuda.Event:
+    """An event recorded now on the current CUDA stream, for another thread to wait on. Blocking: the waiting
+    thread sleeps until the GPU gets there, where a plain event's synchronize() busy-waits, so a recorder's
+    writer, which waits for each step's results from the moment it is queued, would keep a CPU core spinning
+    for most of every step."""
+    import torch
+
+    done = torch.cuda.Event(blocking=True)
+    done.record()
+    return done
 
 
 def read_scalar(value: Any) -> Callable[[], float | None]:
@@ -166,8 +177,7 @@ def read_scalar(value: Any) -> Callable[[], float | None]:
     host = torch.empty((), dtype=torch.float32, pin_memory=True)
     with torch.cuda.device(src.device):
         host.copy_(src, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
+        done = recorded_event()
 
     def read() -> float:
         done.synchronize()

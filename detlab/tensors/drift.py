@@ -29,6 +29,7 @@ import torch
 
 from detlab.core import sketch
 from detlab.tensors import drift_numba
+from detlab.tensors.digests import recorded_event
 
 CHUNK_ROWS = 4096  # 16M elements: a 128 MiB float64 scratch matrix
 KEPT_LAYOUTS = 8
@@ -197,8 +198,7 @@ class Sketcher:
                     values = self._on_cuda(group, idx, device)
                     host = torch.empty(values.shape, dtype=torch.float64, pin_memory=True)
                     host.copy_(values, non_blocking=True)
-                    done = torch.cuda.Event()
-                    done.record()
+                    done = recorded_event()
                 parts.append((idx, host, done))
             elif device.type == "cpu":  # the pass now, or with `defer_cpu` on the reader's thread
                 run = self._on_cpu(group, idx)

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from detlab.core import sketch
+from detlab.tensors.digests import recorded_event
 from detlab.tensors.fingerprint.reference import DEFAULT_KEY, DigestKey
 from detlab.tensors.fingerprint.triton_impl import _finalize_kernel, _mix, _mix_lanes, capture
 
@@ -432,8 +433,7 @@ class OnePass:
         p, s = found
         with torch.cuda.device(p.device):
             run(p, s)
-            done = torch.cuda.Event()
-            done.record()
+            done = recorded_event()
 
         def result() -> tuple[list[str], np.ndarray]:
             done.synchronize()  # this step only; releases the GIL while it waits

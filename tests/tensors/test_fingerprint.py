@@ -843,6 +843,33 @@ def test_the_recorders_digest_queue_replays_a_cuda_graph_from_a_lists_second_ste
 
 
 @needs_cuda
+def test_a_thread_waiting_for_queued_digests_sleeps_instead_of_spinning() -> None:
+    """A plain CUDA event's synchronize() busy-waits: the recorder's writer, which waits for each step's
+    digests from the moment they are queued, kept a CPU core spinning for most of every step."""
+    import threading
+    import time
+
+    from detlab.tensors.digests import Digester
+
+    x = torch.randn(1000, device="cuda")
+    queue = Digester()
+    queue.submit([x]).result()  # planned and compiled before the timed wait
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU time ahead of the digests
+    pending = queue.submit([x])
+    spent: dict[str, float] = {}
+
+    def wait() -> None:
+        cpu, wall = time.thread_time(), time.perf_counter()
+        pending.result()
+        spent["cpu"], spent["wall"] = time.thread_time() - cpu, time.perf_counter() - wall
+
+    reader = threading.Thread(target=wait)
+    reader.start()
+    reader.join()
+    assert spent["wall"] > 0.2 and spent["cpu"] < 0.1 * spent["wall"], spent
+
+
+@needs_cuda
 def test_triton_plan_cache_drops_the_least_recently_used_plan() -> None:
     from detlab.tensors.fingerprint import triton_impl
 
