@@ -35,6 +35,7 @@ from detlab.tensors.fingerprint import (
 )
 from detlab.tensors.fingerprint.reference import lane_sums_np
 from detlab.tensors.fingerprint.torch_impl import fingerprint_torch, lane_sums_words
+from tests.tensors.interpreter import interpreted, needs_triton
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 
@@ -825,6 +826,12 @@ def test_triton_kept_graph_is_not_reused_for_another_view_at_the_same_address() 
         assert fingerprint_many_triton([x]) == [fingerprint_bytes(tensor_bytes(x))]
     for view in [x.t(), x[:5], x.view(torch.int32), x]:
         assert fingerprint_many_triton([view]) == [fingerprint_bytes(tensor_bytes(view))]
+
+
+@needs_triton
+def test_the_triton_kernel_under_the_interpreter_equals_the_reference() -> None:
+    """The kernel's logic on the CPU, for every CI run: the GPU tests below run on a GPU machine only."""
+    interpreted("fingerprint")
 
 
 @needs_cuda

@@ -5,11 +5,7 @@ interpreter (skipped without Triton); the rest on a CUDA GPU (skipped elsewhere)
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,17 +15,14 @@ import torch
 import detlab
 from detlab.core import sketch
 from detlab.tensors.fingerprint import FP_VERSION, fingerprint_many
-from tests.conftest import ROOT
+from tests.tensors.interpreter import interpreted, needs_triton
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter runs on CPU)")
+@needs_triton
 def test_the_kernel_under_the_interpreter_equals_the_references() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "tests/tensors/onepass_interpret.py"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    interpreted("onepass")
 
 
 def references(ts: list[torch.Tensor]) -> tuple[list[str], np.ndarray, np.ndarray]:

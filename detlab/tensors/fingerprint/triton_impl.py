@@ -230,8 +230,10 @@ def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG, key: Di
     host = np.concatenate([np.array(addrs, dtype=np.int64), nb, np.cumsum(nprog) - nprog,
                            np.repeat(np.arange(n, dtype=np.int64), nprog), len_mix.view(np.int64).ravel()])  # fmt: skip
     device = tensors[0].device
+    pin = device.type == "cuda"  # else Triton's interpreter on the CPU (tests): nothing to pin
     # Pinned, so the upload does not wait for the host; the allocator keeps it until the copy is done.
-    table = torch.from_numpy(host).pin_memory().to(device, non_blocking=True)
+    table = torch.from_numpy(host)
+    table = (table.pin_memory() if pin else table).to(device, non_blocking=True)
     return Plan(
         config=config,
         programs=programs,
@@ -243,7 +245,7 @@ def plan(tensors: Sequence[torch.Tensor], config: KernelConfig = CONFIG, key: Di
         layout=_layout(tensors),
         sums=torch.empty((n, 2), dtype=torch.int64, device=device),
         final=torch.empty((n, 2), dtype=torch.int64, device=device),
-        host=torch.empty((n, 2), dtype=torch.int64, pin_memory=True),
+        host=torch.empty((n, 2), dtype=torch.int64, pin_memory=pin),
     )
 
 

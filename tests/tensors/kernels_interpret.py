@@ -1,14 +1,18 @@
-"""Run under TRITON_INTERPRET=1 on the CPU (tests/tensors/test_onepass.py starts it): the one-pass kernel's
-digests equal the fingerprint reference and its stats and sketches the drift reference. Prints "ok"."""
+"""Run under TRITON_INTERPRET=1 on the CPU, `python kernels_interpret.py onepass|fingerprint` (tests/tensors/
+test_onepass.py and test_fingerprint.py start it): the one-pass kernel's digests equal the fingerprint reference
+and its stats and sketches the drift reference; the fingerprint kernel's (detlab.tensors.fingerprint.
+triton_impl) digests of awkward tensors and of every dtype equal the reference. Prints "ok"."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import torch
 
 from detlab.core import sketch
 from detlab.tensors import onepass_triton as op
-from detlab.tensors.fingerprint import fingerprint_bytes, tensor_bytes
+from detlab.tensors.fingerprint import FP1_KEY, FP2_KEY, fingerprint_bytes, tensor_bytes, triton_impl
 
 
 def _index_fix() -> None:
@@ -57,11 +61,27 @@ def check() -> None:
     assert op.read(p, s)[0] == want
 
 
+def check_fingerprint() -> None:
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(4)
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8, torch.bool]
+    ts = triton_impl._check_cases(cpu, triton_impl.CONFIG.tile)  # what the kernel's self-check runs on a GPU
+    ts += [torch.randint(0, 2, (1000 + i,), generator=g).to(dtype) for i, dtype in enumerate(dtypes)]
+    for key in (FP1_KEY, FP2_KEY):
+        p = triton_impl.plan(ts, key=key)
+        triton_impl._launch_and_copy(p)
+        want = [fingerprint_bytes(tensor_bytes(t), key=key) for t in ts]
+        assert triton_impl.read_digests(p) == want, key
+
+
 def main() -> None:
     _index_fix()
-    check()
-    op.ROWS_PER_PROGRAM = 2  # a group's rows cut into several programs, and a program of one row
-    check()
+    if sys.argv[1] == "fingerprint":
+        check_fingerprint()
+    else:
+        check()
+        op.ROWS_PER_PROGRAM = 2  # a group's rows cut into several programs, and a program of one row
+        check()
     print("ok")
 
 
