@@ -1,7 +1,8 @@
-"""Run under TRITON_INTERPRET=1 on the CPU, `python kernels_interpret.py onepass|fingerprint` (tests/tensors/
-test_onepass.py and test_fingerprint.py start it): the one-pass kernel's digests equal the fingerprint reference
-and its stats and sketches the drift reference; the fingerprint kernel's (detlab.tensors.fingerprint.
-triton_impl) digests of awkward tensors and of every dtype equal the reference. Prints "ok"."""
+"""Run under TRITON_INTERPRET=1 on the CPU, `python kernels_interpret.py onepass|fingerprint|drift` (tests/tensors/
+test_onepass.py, test_fingerprint.py and test_drift.py start it): the one-pass kernel's digests equal the
+fingerprint reference and its stats and sketches the drift reference; the fingerprint kernel's (detlab.tensors.
+fingerprint.triton_impl) digests of awkward tensors and of every dtype equal the reference; the two-pass drift
+kernel's (detlab.tensors.drift_triton) stats and sketches equal the drift reference. Prints "ok"."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 
 from detlab.core import sketch
+from detlab.tensors import drift_triton
 from detlab.tensors import onepass_triton as op
 from detlab.tensors.fingerprint import FP1_KEY, FP2_KEY, fingerprint_bytes, tensor_bytes, triton_impl
 
@@ -42,6 +44,15 @@ def cases() -> list[torch.Tensor]:
             torch.randn(24 * sketch.COLUMNS - 3, generator=g)]  # groups of rows that share a row bucket
 
 
+def check_values(ts: list[torch.Tensor], values: np.ndarray) -> None:
+    """[n, 3 + K] values against the drift references."""
+    arrays = [t.double().numpy() for t in ts]
+    stats = np.stack([sketch.stats_reference(a) for a in arrays])
+    sk = np.stack([sketch.sketch_reference(a, i) for i, a in enumerate(arrays)])
+    np.testing.assert_allclose(values[:, : sketch.STATS], stats, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(values[:, sketch.STATS :], sk, rtol=1e-12, atol=1e-12)
+
+
 def check() -> None:
     ts = cases()
     assert all(op.supported(t) for t in ts), [t.data_ptr() % 16 for t in ts]
@@ -52,11 +63,7 @@ def check() -> None:
     digests, values = op.read(p, s)
     want = [fingerprint_bytes(tensor_bytes(t)) for t in ts]
     assert digests == want, (digests, want)
-    arrays = [t.double().numpy() for t in ts]
-    stats = np.stack([sketch.stats_reference(a) for a in arrays])
-    sk = np.stack([sketch.sketch_reference(a, i) for i, a in enumerate(arrays)])
-    np.testing.assert_allclose(values[:, : sketch.STATS], stats, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(values[:, sketch.STATS :], sk, rtol=1e-12, atol=1e-12)
+    check_values(ts, values)
     op.compute(p, s)  # a second run into the same slot: zeroed, the same result
     assert op.read(p, s)[0] == want
 
@@ -78,6 +85,9 @@ def main() -> None:
     _index_fix()
     if sys.argv[1] == "fingerprint":
         check_fingerprint()
+    elif sys.argv[1] == "drift":
+        ts = cases()
+        check_values(ts, drift_triton.compute(ts, range(len(ts)), torch.device("cpu")).numpy())
     else:
         check()
         op.ROWS_PER_PROGRAM = 2  # a group's rows cut into several programs, and a program of one row

@@ -10,6 +10,7 @@ import torch
 
 from detlab.core import sketch
 from detlab.tensors import drift, drift_numba
+from tests.tensors.interpreter import interpreted, needs_triton
 
 
 @pytest.fixture(params=["torch", "numba"])
@@ -94,6 +95,11 @@ def test_a_deferred_pass_runs_when_read(cpu_pass: str) -> None:
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+
+
+@needs_triton
+def test_the_triton_kernel_under_the_interpreter_equals_the_references() -> None:
+    interpreted("drift")
 
 
 @needs_cuda
