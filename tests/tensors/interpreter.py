@@ -17,7 +17,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 
 def interpreted(kernel: str) -> None:
-    """kernels_interpret.py's check of `kernel` (onepass, fingerprint), in its own process: the interpreter is
+    """kernels_interpret.py's check of `kernel` (onepass, fingerprint, drift), in its own process: the interpreter is
     chosen when Triton is imported."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     out = subprocess.run([sys.executable, "tests/tensors/kernels_interpret.py", kernel], cwd=ROOT, env=env,

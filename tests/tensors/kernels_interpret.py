@@ -34,7 +34,6 @@ def _index_fix() -> None:
     interpreter._patch_lang_tensor = patched
 
 
-
 def cases() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(2)
     return [torch.randn(2 * sketch.COLUMNS + 5, generator=g), torch.randn(7, 9, generator=g).to(torch.bfloat16),
@@ -53,7 +52,7 @@ def check_values(ts: list[torch.Tensor], values: np.ndarray) -> None:
     np.testing.assert_allclose(values[:, sketch.STATS :], sk, rtol=1e-12, atol=1e-12)
 
 
-def check() -> None:
+def check_once() -> None:
     ts = cases()
     assert all(op.supported(t) for t in ts), [t.data_ptr() % 16 for t in ts]
     indices = list(range(len(ts)))
@@ -66,6 +65,17 @@ def check() -> None:
     check_values(ts, values)
     op.compute(p, s)  # a second run into the same slot: zeroed, the same result
     assert op.read(p, s)[0] == want
+
+
+def check_onepass() -> None:
+    check_once()
+    op.ROWS_PER_PROGRAM = 2  # a group's rows cut into several programs, and a program of one row
+    check_once()
+
+
+def check_drift() -> None:
+    ts = cases()
+    check_values(ts, drift_triton.compute(ts, range(len(ts)), torch.device("cpu")).numpy())
 
 
 def check_fingerprint() -> None:
@@ -83,17 +93,8 @@ def check_fingerprint() -> None:
 
 def main() -> None:
     _index_fix()
-    if sys.argv[1] == "fingerprint":
-        check_fingerprint()
-    elif sys.argv[1] == "drift":
-        ts = cases()
-        check_values(ts, drift_triton.compute(ts, range(len(ts)), torch.device("cpu")).numpy())
-    else:
-        check()
-        op.ROWS_PER_PROGRAM = 2  # a group's rows cut into several programs, and a program of one row
-        check()
+    {"onepass": check_onepass, "fingerprint": check_fingerprint, "drift": check_drift}[sys.argv[1]]()
     print("ok")
-
 
 if __name__ == "__main__":
     main()

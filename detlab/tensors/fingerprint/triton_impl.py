@@ -166,7 +166,7 @@ class Plan:
     host: torch.Tensor  # `final` copied back into pinned memory
     graph: torch.cuda.CUDAGraph | None = None  # zero, kernels and copy back, captured on the plan's first reuse
     capturable: bool = True  # False once a capture failed: launch directly from then on
-    runs: int = 0
+    runs: int = 0  # launches and replays so far: the second run captures
     lock: threading.Lock = field(default_factory=threading.Lock)  # one run at a time uses sums and host
 
 
