@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +15,7 @@ from sqlalchemy import create_engine, text
 
 from tests.conftest import ROOT
 from tests.e2e.conftest import Stack, read_job, wait_for
+from tests.ranks import running
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def gone_after(stack: Stack, run_id: int, groups: set[int], started: float) -> f
     """Seconds from `started` until no process of the run's ranks' groups runs (fails past the limit)."""
     while time.monotonic() - started < GONE_WITHIN_S + 5:
         left = {pid for pid, pgid in stack.ranks(run_id).items() if pgid in groups}
-        left |= {pid for pid in groups if Path(f"/proc/{pid}").exists() and rank_alive(pid)}
+        left |= {pid for pid in groups if running(pid)}
         if not left:
             return time.monotonic() - started
         time.sleep(0.05)
@@ -49,13 +49,6 @@ def stored_steps(stack: Stack, run_id: int, distinct: str = "step, rank") -> int
                                     {"r": run_id}).scalar_one())
     finally:
         engine.dispose()
-
-
-def rank_alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_cancelling_a_running_job_kills_its_ranks_keeps_their_steps_and_never_starts_the_rest(

@@ -13,21 +13,13 @@ import httpx
 
 from tests.conftest import ROOT, free_port
 from tests.e2e.conftest import stack_env
+from tests.ranks import running
 from tests.waiting import wait_until
 
 
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.split(") ", 1)[1][0] != "Z"
 
 
 def test_up_says_one_line_and_stopping_it_stops_its_worker_mid_run(tmp_path: Path) -> None:
@@ -56,9 +48,9 @@ def test_up_says_one_line_and_stopping_it_stops_its_worker_mid_run(tmp_path: Pat
         up.send_signal(signal.SIGTERM)  # the up process only, as a service manager would
         up.wait(timeout=30)
         deadline = time.monotonic() + 20
-        while alive(worker) and time.monotonic() < deadline:
+        while running(worker) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not alive(worker)
+        assert not running(worker)
     finally:
         try:
             os.killpg(up.pid, signal.SIGKILL)  # whatever is left of the group

@@ -19,6 +19,7 @@ from detlab.worker import launch, runner
 from detlab.worker.launch import RankFailed, RanksStopped, RanksTimedOut, SpoolReader, launch_ranks, torchrun_env
 from detlab.worker.runner import child_env
 from detlab.worker.zygote import Zygote
+from tests.ranks import running
 
 DIGEST = "fp1:" + "0" * 32
 
@@ -222,18 +223,10 @@ def test_launcher_gives_the_first_step_its_own_longer_timeout(fake_rank: Path) -
     assert sorted(r.rank for r in got) == [0, 1]
 
 
-def alive(pid: int) -> bool:
-    """Whether the process runs (a killed one waiting to be reaped does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def survivors(pids: list[int], within_s: float = 5.0) -> list[int]:
     """The processes still running after `within_s` (a SIGKILL lands a moment after it is sent)."""
     deadline = time.monotonic() + within_s
-    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+    while (left := [pid for pid in pids if running(pid)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
 
