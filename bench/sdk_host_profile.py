@@ -1,6 +1,7 @@
 """Where the recorder's host time goes in bench/sdk_overhead.py's lean GPT-2 loop, for one mode in this process:
 which calls of the loop wait for the GPU (torch's sync debug mode, a few steps), then a cProfile of the loop's
-thread inside `rec.step` and one of the writer thread inside its jobs (record building, waits included).
+thread inside `rec.step` and, over the next steps, one of the writer thread inside its jobs (record building,
+waits included). One profile at a time: from Python 3.12 a process holds one active profiler (sys.monitoring).
 A diagnosis, not a figure: the overhead itself is bench/sdk_overhead.py's.
 
     python bench/sdk_host_profile.py default          # or none, no_drift; --size tiny --device cpu to try it
@@ -14,6 +15,7 @@ import io
 import pstats
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,13 +24,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sdk_overhead import MODES, SIZES, build  # noqa: E402
 
 
-def profile_jobs(profile: cProfile.Profile) -> None:
-    """Profile every job of every Spool made from now on, on the writer thread that runs it."""
+def profile_jobs(profile: cProfile.Profile) -> threading.Event:
+    """Profile, on the writer thread that runs it, every job put on a Spool while the returned event is set."""
     from detlab.sdk import spool
 
     put = spool.Spool.put
+    on = threading.Event()
 
     def profiled(self: spool.Spool, job: Any) -> None:
+        if not on.is_set():
+            put(self, job)
+            return
+
         def run() -> Any:
             profile.enable()
             try:
@@ -39,6 +46,7 @@ def profile_jobs(profile: cProfile.Profile) -> None:
         put(self, run)
 
     spool.Spool.put = profiled  # type: ignore[method-assign]
+    return on
 
 
 def main() -> None:
@@ -59,11 +67,11 @@ def main() -> None:
     g = torch.Generator(device=device).manual_seed(0)
     batches = [torch.randint(0, vocab, (batch, ctx), device=device, generator=g) for _ in range(4)]
     in_step, in_jobs = cProfile.Profile(), cProfile.Profile()
-    rec = None
+    rec, jobs_on = None, threading.Event()
     if args.mode != "none":
         import detlab
 
-        profile_jobs(in_jobs)
+        jobs_on = profile_jobs(in_jobs)
         rec = detlab.Recorder(out=Path(tempfile.mkdtemp()) / "run", drift=args.mode == "default")
     step = 0
 
@@ -102,9 +110,12 @@ def main() -> None:
         return
     steps(args.steps, in_step)
     sync()
+    jobs_on.set()  # from here the writer's jobs are profiled and the loop's thread is not
+    steps(args.steps)
+    sync()
     rec.close()
     for name, profile in ((f"the loop's thread in rec.step, {args.steps} steps", in_step),
-                          (f"the writer thread in its jobs, {step} steps (warm-up included)", in_jobs)):
+                          (f"the writer thread in its jobs, the next {args.steps} steps", in_jobs)):
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(20)
         print(f"==== [{args.mode}] {name}\n{out.getvalue()}")
