@@ -20,7 +20,10 @@ as within noise, not as a figure to compare with a target. Each recorded mode al
 thread spends inside `rec.step` ("rec_step_host_ms"): an overhead near the device's kernels plus this time says
 the loop pays the host's work; one near the kernels alone, that the device's queue hides it. The time includes
 any wait for the writer (a loop four records ahead of it waits in `rec.step`), so it bounds the host's work from
-above.
+above. `--kernels` adds two modes that split the cost: `gpu_onepass` replays the default recorder's captured
+GPU work (digests, stats and sketch of the same tensors) after every step and `gpu_fingerprint` the
+fingerprint's alone (what drift=False queues), with nothing read back, written or handed to a thread: what
+the GPU's work costs the loop by itself.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ MODES = ("none", "default", "no_drift")
 # torch fingerprint on the CPU): before and after from the same run.
 BEFORE = "default_before"
 BEFORE_ENV = {"DETLAB_ONEPASS": "0", "DETLAB_CPU_DEFER": "0", "DETLAB_FP_NUMBA": "0"}
+KERNELS = ("gpu_onepass", "gpu_fingerprint")  # --kernels: the recorder's GPU work alone
 SIZES = {  # layers, embedding, heads, vocabulary, context, batch
     "gpt2-small": (12, 768, 12, 50257, 1024, 8),
     "tiny": (2, 64, 2, 256, 32, 2),
@@ -123,6 +127,27 @@ def build_mnist(device: Any) -> tuple[Any, Any, list[tuple[Any, ...]]]:
     return model, torch.optim.Adadelta(model.parameters(), lr=1.0), batches
 
 
+class GpuWork:
+    """The recorder's GPU work alone, on the tensors it records (the model's parameters and buffers): its captured
+    graph replayed after every step; nothing is read back, written or handed to another thread."""
+
+    def __init__(self, model: Any, mode: str) -> None:
+        from detlab.tensors import onepass_triton
+        from detlab.tensors.fingerprint import triton_impl
+
+        tensors = [t.detach() for t in (*model.parameters(), *model.buffers())]
+        if mode == "gpu_fingerprint":
+            fp = triton_impl.plan(tensors)
+            self._run = lambda: triton_impl.run(fp)
+        else:
+            plan = onepass_triton.plan(tensors, range(len(tensors)))
+            slot = onepass_triton._new_slot(plan)
+            self._run = lambda: onepass_triton.run(plan, slot)
+
+    def step(self, step: int, model: Any, loss: Any = None) -> None:
+        self._run()
+
+
 # ---- one process: one mode ------------------------------------------------------------------------------
 def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
@@ -141,8 +166,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         batches = [(torch.randint(0, vocab, (batch, ctx), device=device, generator=g),) for _ in range(16)]
     if args.compile:
         model = torch.compile(model)
-    rec = None
-    if args.mode != "none":
+    rec: Any = None
+    if args.mode in KERNELS:
+        rec = GpuWork(model, args.mode)
+    elif args.mode != "none":
         import detlab
 
         if args.mode == BEFORE:
@@ -179,8 +206,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         steps(args.block_steps)
         sync()
         blocks.append((time.perf_counter() - t0) / args.block_steps * 1e3)
-    recorded = None
-    if rec is not None:
+    recorded = step if args.mode in KERNELS else None
+    if rec is not None and args.mode not in KERNELS:
         rec.close()  # outside the timed blocks; every step's record must be there
         from detlab.sdk import load_run
 
@@ -210,13 +237,18 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="directory for sdk_overhead.json")
     p.add_argument("--before", action="store_true",
                    help=f"also a mode {BEFORE}: the default recorder with {BEFORE_ENV}")
-    p.add_argument("--child", dest="mode", choices=(*MODES, BEFORE), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--kernels", action="store_true",
+                   help=f"also modes {', '.join(KERNELS)}: the recorder's GPU work alone (CUDA only)")
+    p.add_argument("--child", dest="mode", choices=(*MODES, BEFORE, *KERNELS), default=None,
+                   help=argparse.SUPPRESS)
     p.add_argument("--rec-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.kernels and not args.device.startswith("cuda"):
+        p.error("--kernels times the recorder's CUDA kernels: it needs --device cuda[:N]")
     if args.mode is not None:
         print(json.dumps(child(args)), flush=True)
         return
-    modes = (*MODES, BEFORE) if args.before else MODES
+    modes = (*MODES, *((BEFORE,) if args.before else ()), *(KERNELS if args.kernels else ()))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as rec_dir:
         for r in range(args.procs):

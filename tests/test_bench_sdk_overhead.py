@@ -36,3 +36,9 @@ def test_the_sdk_overhead_bench_runs_tiny_on_the_cpu(tmp_path: Path) -> None:
         assert len(host) == 2 and all(ms > 0 for ms in host)
         assert result["rec_step_host_ms"][mode] == statistics.median(host)
         assert f"the loop's thread inside rec.step {statistics.median(host):.3f} ms a step; " in line
+
+
+def test_the_gpu_work_modes_refuse_the_cpu() -> None:
+    out = subprocess.run([sys.executable, "bench/sdk_overhead.py", "--device", "cpu", "--kernels"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--kernels times the recorder's CUDA kernels" in out.stderr, out.stderr
