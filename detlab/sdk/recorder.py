@@ -24,7 +24,6 @@ import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
 from detlab.core.wire import (
-    Drift,
     EnvRecord,
     Position,
     PreflightFinding,
@@ -63,15 +62,17 @@ def loss_bits(value: float | None) -> str:
 Sketched = Callable[[], "tuple[bytes, bytes] | None"]
 
 
-def _drift(state: Sketched | None, grads: Sketched | None) -> Drift | None:
-    """The record's drift data: the state's stats and sketches, then the gradients' (None where either has none).
-    A gradient's row map is that of its index in the gradients' own list: both runs record the same lists."""
+def _drift(state: Sketched | None, grads: Sketched | None) -> dict[str, str] | None:
+    """The record's drift data (a `Drift`'s fields): the state's stats and sketches, then the gradients' (None
+    where either has none). A gradient's row map is that of its index in the gradients' own list: both runs record
+    the same lists. Fields, not a `Drift`: the step record validates them once, where an instance would be
+    checked twice (pydantic runs a model's after-validators again on an instance: 45 us a GPT-2 step)."""
     if state is None:
         return None
     found = [state(), *([grads()] if grads is not None else [])]
     if any(f is None for f in found):
         return None
-    return Drift(stats="".join(f[0].hex() for f in found if f), sketch="".join(f[1].hex() for f in found if f))
+    return {"stats": "".join(f[0].hex() for f in found if f), "sketch": "".join(f[1].hex() for f in found if f)}
 
 
 # CPU lists up to this size are copied at the call and digested on the writer thread; the spool holds at most
@@ -410,12 +411,12 @@ class Recorder:
                 packed = b"".join(placed)
             value = read_loss()
             extra = StepState(batch=read_batch() if read_batch is not None else None, rng=rngs, optimizer=hyper)
-            return StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION,
-                              model_digest=fp.fingerprint_bytes(packed), digests=packed.hex(),
-                              loss_bits=loss_bits(value),
-                              loss=value if value is not None and math.isfinite(value) else None,
-                              step_time_s=max(seconds, 0.0), drift=_drift(sketched, grad_sketch),
-                              state=extra if extra != StepState() else None, segment=segment, restored=restored)
+            return StepRecord.model_validate({
+                "step": step, "rank": rank, "fp_version": fp.FP_VERSION, "model_digest": fp.fingerprint_bytes(packed),
+                "digests": packed.hex(), "loss_bits": loss_bits(value),
+                "loss": value if value is not None and math.isfinite(value) else None,
+                "step_time_s": max(seconds, 0.0), "drift": _drift(sketched, grad_sketch),
+                "state": extra if extra != StepState() else None, "segment": segment, "restored": restored})
 
         self._spool.put(record)
         if calls:
