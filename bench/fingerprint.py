@@ -368,7 +368,7 @@ def bench_model(res: dict[str, Any]) -> None:
         pending = digester.submit(params)
         host.append(time.perf_counter() - t0)
         end.record()
-        pending.result()
+        pending.packed()
         end.synchronize()
         return start.elapsed_time(end) / 1e3
 

@@ -48,7 +48,7 @@ class Probing:
             pending = digester.submit([p for _, p in model.named_parameters()])
 
             def record() -> StepRecord:
-                packed = fp.digests_to_bytes(pending.result())
+                packed = pending.packed()
                 return StepRecord(step=step, rank=rank, fp_version=fp.FP_VERSION, digests="", loss_bits="",
                                   model_digest=fp.fingerprint_bytes(packed), step_time_s=max(seconds, 0.0))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import operator
 import os
 import time
 import warnings
@@ -262,6 +263,11 @@ class Recorder:
         self._model: named_tensors.ModelTensors | None = None
         self._kept: dict[str, bool] = {}  # the name filter's answers (asked once per name)
         self._tensors: list[tuple[str, list[int], str]] | None = None
+        # _state's last answer: the lists it was made from, the state, its components, its tensors (None where
+        # a DTensor is among them); and the state last checked whole with its ListKey (see `step`).
+        self._listed: tuple[tuple[named_tensors.Named, ...], named_tensors.Named, list[TensorComponent],
+                            list[torch.Tensor] | None] | None = None
+        self._steady: tuple[named_tensors.Named, named_tensors.ListKey] | None = None
         self._fixed: tuple[list[str], list[tuple[object, object]]] | None = None  # names, layout of the first step
         self._grad_pending: tuple[int, named_tensors.Named, Pending, Sketched | None] | None = None
         self._last_step: int | None = None
@@ -364,6 +370,16 @@ class Recorder:
             self._last_step = step
             return
         state, components = self._state(model)
+        assert self._listed is not None
+        plain = self._listed[3]
+        # The per-step host work, built once: a state list checked at an earlier step, whose ListKey is the same
+        # now (the same tensors at the same addresses, shapes, strides, dtypes), is neither checked again nor
+        # planned again (the stored key's plans are found by identity).
+        key = named_tensors.ListKey(plain) if plain is not None else None
+        if key is not None and self._steady is not None and self._steady[0] is state and self._steady[1] == key:
+            key, steady = self._steady[1], True
+        else:
+            steady = False
         recorded = state
         grad_digests = None
         grad_sketch = None
@@ -380,13 +396,15 @@ class Recorder:
                 self._grad_pending = None
             if self._restoring:
                 absent = self._restored_slots(step, recorded)
-            else:
+            elif not steady or recorded is not state:  # with gradients the list is checked whole
                 self._check_tensors(step, recorded, components)
+                if recorded is state and key is not None:
+                    self._steady = (state, key)
         except ValueError:
             self._finish("failed")  # as for a step out of order: never left `running`
             raise
         # Queued on the device now, read on the writer thread: the loop never waits for them.
-        digests, sketched = self._queue([t for _, t in state])
+        digests, sketched = self._queue(plain, key) if plain is not None else self._queue([t for _, t in state])
         if absent is not None:
             sketched = None  # a restore's record has no drift: the state it restored is compared, not its motion
         read_batch = train_state.submit_batch(batch, self._digester) if batch is not None else None
@@ -402,8 +420,7 @@ class Recorder:
         def record() -> StepRecord:
             from detlab.tensors import fingerprint as fp
 
-            packed = fp.digests_to_bytes(digests.result() + (grad_digests.result() if grad_digests is not None
-                                                             else []))
+            packed = digests.packed() + (grad_digests.packed() if grad_digests is not None else b"")
             if absent is not None:  # the restored state lacks some of the list (gradients, lost optimizer state)
                 placed = [ABSENT] * slots
                 for i, at in zip(absent, range(0, len(packed), fp.DIGEST_BYTES), strict=True):
@@ -435,22 +452,24 @@ class Recorder:
 
     # ---- internals ----------------------------------------------------------------------------------
 
-    def _queue(self, tensors: list[torch.Tensor]) -> tuple[Pending, Sketched | None]:
-        """Queue the digests and (with drift) the stats and sketches of `tensors`: on one CUDA device from one
-        read of each element (detlab.tensors.onepass); on the CPU from a snapshot, on the writer thread;
-        else in two passes at the call."""
-        tensors = named_tensors.local(tensors)
-        if self._onepass is not None and (both := self._onepass.submit(tensors)) is not None:
+    def _queue(self, tensors: list[torch.Tensor],
+               key: named_tensors.ListKey | None = None) -> tuple[Pending, Sketched | None]:
+        """Queue the digests and (with drift) the stats and sketches of `tensors` (with `key`: their ListKey, and
+        no DTensor among them): on one CUDA device from one read of each element (detlab.tensors.onepass); on the
+        CPU from a snapshot, on the writer thread; else in two passes at the call."""
+        if key is None:
+            tensors = named_tensors.local(tensors)
+        if self._onepass is not None and (both := self._onepass.submit(tensors, key)) is not None:
             return both
         if (snapshot := cpu_snapshot(tensors)) is not None:
             # The loop pays one copy; the writer thread hashes and sketches the copy, which nothing changes.
             from detlab.tensors import fingerprint as fp
 
             digests = Pending(len(snapshot))
-            digests.add(list(range(len(snapshot))), lambda: fp.fingerprint_many(snapshot))
+            digests.add(list(range(len(snapshot))), lambda: fp.digests_to_bytes(fp.fingerprint_many(snapshot)))
             return digests, self._sketcher.submit(snapshot, defer_cpu=True) if self._sketcher else None
         sketched = self._sketcher.submit(tensors) if self._sketcher else None
-        return self._digester.submit(tensors), sketched
+        return self._digester.submit(tensors, key), sketched
 
     def _check_open(self) -> None:
         if self._closed:
@@ -471,15 +490,25 @@ class Recorder:
         return [(n, t) for n, t in named if kept[n]]
 
     def _state(self, model: torch.nn.Module) -> tuple[named_tensors.Named, list[TensorComponent]]:
-        """The tensors a step records (gradients aside) and the component of each."""
+        """The tensors a step records (gradients aside) and the component of each: the same list objects as at the
+        last call while the lists they come from are (ModelTensors keeps its lists while the model is unchanged;
+        the optimizer's state is listed anew at every call)."""
         found = self._tensors_of(model)
         parts: list[tuple[TensorComponent, named_tensors.Named]] = [("parameters", found.parameters())]
         if self._buffers:
             parts.append(("buffers", found.buffers()))
         if self._optimizer is not None:
             parts.append(("optimizer", found.optimizer_state(self._optimizer)))
-        kept = [(c, self._filter(named)) for c, named in parts]
-        return [t for _, named in kept for t in named], [c for c, named in kept for _ in named]
+        lists = tuple(named for _, named in parts)
+        if self._listed is None or len(lists) != len(self._listed[0]) or not all(map(operator.is_, lists,
+                                                                                       self._listed[0])):
+            kept = [(c, self._filter(named)) for c, named in parts]
+            state = [t for _, named in kept for t in named]
+            tensors = [t for _, t in state]
+            dtensor = named_tensors.dtensor_type()
+            plain = tensors if dtensor is None or not any(isinstance(t, dtensor) for t in tensors) else None
+            self._listed = (lists, state, [c for c, named in kept for _ in named], plain)
+        return self._listed[1], self._listed[2]
 
     def _restored_slots(self, step: int, recorded: named_tensors.Named) -> list[int]:
         """Where each tensor of a restored step sits in the recording's list: the restored state may lack some

@@ -60,13 +60,13 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _one(digests: list[str]) -> str:
-    """A call's digest: its tensor's, or for a list of tensors the digest of their packed digests."""
+def _one(packed: bytes) -> bytes:
+    """A call's packed digest: its tensor's, or for a list of tensors the digest of their packed digests."""
     from detlab.tensors import fingerprint as fp
 
-    if len(digests) == 1:
-        return digests[0]
-    return fp.fingerprint_bytes(fp.digests_to_bytes(digests))
+    if len(packed) == fp.DIGEST_BYTES:
+        return packed
+    return fp.digest_to_bytes(fp.fingerprint_bytes(packed))
 
 
 class _Work:
@@ -235,11 +235,11 @@ def calls_record(step: int, rank: int, calls: list[Call]) -> CallsRecord:
 
     inputs, outputs, unread = [], [], []
     for seq, call in enumerate(calls):
-        inputs.append(fp.digest_to_bytes(_one(call.inputs.result())))
+        inputs.append(_one(call.inputs.packed()))
         if call.outputs is None:
             unread.append(seq)
             outputs.append(bytes(16))
         else:
-            outputs.append(fp.digest_to_bytes(_one(call.outputs.result())))
+            outputs.append(_one(call.outputs.packed()))
     return CallsRecord(step=step, rank=rank, fp_version=fp.FP_VERSION, calls=[c.info for c in calls],
                        inputs=b"".join(inputs).hex(), outputs=b"".join(outputs).hex(), unread=unread)

@@ -4,7 +4,7 @@ Why this is correct: a tensor must be read before anything changes it. On CUDA (
 passed its self-check) one launch per device hashes the whole list, queued on that device's *current
 stream* at the moment of the call; the loop's later work on that stream (the optimizer's next step) is
 queued after it, so the kernel reads exactly the bytes the caller saw. The lane sums are copied to pinned
-host memory in the same stream and a CUDA event is recorded; `Pending.result()` (called from the
+host memory in the same stream and a CUDA event is recorded; `Pending.packed()` (called from the
 recorder's writer thread) waits for that event alone, never the stream, then finishes the digests on the
 host. A launch's buffers stay reserved until its result is read, so a later step never overwrites them.
 A loop that changes its tensors on *another* stream must make that stream wait for the current one.
@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from detlab.tensors.named import ListKey
+
 # Distinct tensor lists whose launch plans are kept (parameters keep their storage from step to step;
 # gradients set to None are usually reallocated at the same addresses).
 KEPT_LISTS = 8
@@ -38,32 +40,29 @@ class _Slot:
 
 
 class Pending:
-    """Digests of one list, in its order; `result()` blocks until they are all on the host."""
+    """Digests of one list, in its order, packed (DIGEST_BYTES each); `packed()` blocks until they are all on the
+    host."""
 
     def __init__(self, n: int) -> None:
         self._n = n
-        self._parts: list[tuple[list[int], Callable[[], list[str]]]] = []
+        self._parts: list[tuple[list[int], Callable[[], bytes]]] = []
 
-    def add(self, indices: list[int], read: Callable[[], list[str]]) -> None:
-        """The digests of the tensors at `indices`, in that order, as `read()` will return them."""
+    def add(self, indices: list[int], read: Callable[[], bytes]) -> None:
+        """The packed digests of the tensors at `indices`, in that order, as `read()` will return them."""
         self._parts.append((indices, read))
 
-    def result(self) -> list[str]:
-        """Every digest, in the list's order (waits for the GPU where it must)."""
-        out: list[str] = [""] * self._n
+    def packed(self) -> bytes:
+        """Every digest, packed, in the list's order (waits for the GPU where it must)."""
+        from detlab.tensors.fingerprint import DIGEST_BYTES as D  # noqa: N811
+
+        if len(self._parts) == 1 and len(self._parts[0][0]) == self._n:  # one part: the whole list, in order
+            return self._parts[0][1]()
+        out = bytearray(self._n * D)
         for indices, read in self._parts:
-            for i, digest in zip(indices, read(), strict=True):
-                out[i] = digest
-        return out
-
-
-def _key(tensors: Sequence[torch.Tensor]) -> tuple:
-    # What a Triton plan depends on: where the bytes lie, how many, and whether they are read in place.
-    import torch
-
-    T = torch.Tensor
-    return (tuple(map(T.data_ptr, tensors)), tuple(t.nbytes for t in tensors), tuple(map(T.is_contiguous, tensors)),
-            tuple(map(T.is_conj, tensors)), tuple(map(T.is_neg, tensors)))  # fmt: skip
+            found = read()
+            for k, i in enumerate(indices):
+                out[i * D : (i + 1) * D] = found[k * D : (k + 1) * D]
+        return bytes(out)
 
 
 class Digester:
@@ -71,28 +70,34 @@ class Digester:
 
     def __init__(self, kept: int = KEPT_LISTS) -> None:
         self._kept = kept  # distinct tensor lists whose launch plans are kept
-        self._plans: OrderedDict[tuple, list[_Slot]] = OrderedDict()
+        self._plans: OrderedDict[ListKey, list[_Slot]] = OrderedDict()
         self._lock = threading.Lock()  # `busy` is cleared by the thread that reads a result
 
-    def submit(self, tensors: Sequence[torch.Tensor]) -> Pending:
-        """Queue the digests of `tensors` (read as they are now); the result may be read from any thread."""
+    def submit(self, tensors: Sequence[torch.Tensor], key: ListKey | None = None) -> Pending:
+        """Queue the digests of `tensors` (read as they are now); the result may be read from any thread. `key`:
+        the list's ListKey where the caller has it (a list of local tensors: no DTensor)."""
         from detlab.tensors import fingerprint as fp
-        from detlab.tensors.named import local
+        from detlab.tensors.named import ListKey, local
 
-        tensors = local(tensors)
+        if key is None:
+            tensors = local(tensors)
         pending = Pending(len(tensors))
-        by_device: dict[Any, list[int]] = {}
-        for i, t in enumerate(tensors):
-            by_device.setdefault(t.device, []).append(i)
+        if key is not None and key.device is not None:
+            by_device = {key.device: list(range(len(tensors)))}
+        else:
+            by_device = {}
+            for i, t in enumerate(tensors):
+                by_device.setdefault(t.device, []).append(i)
         for device, idx in by_device.items():
-            group = [tensors[i] for i in idx]
+            group = tensors if len(idx) == len(tensors) else [tensors[i] for i in idx]
             if device.type == "cuda" and fp.implementation_name(device) == "triton":
-                pending.add(idx, self._launch(device, group))
+                whole = key if key is not None and len(idx) == len(tensors) else None
+                pending.add(idx, self._launch(device, group, whole or ListKey(group)))
             else:
-                pending.add(idx, _ready(fp.fingerprint_many(group)))
+                pending.add(idx, _ready(fp.digests_to_bytes(fp.fingerprint_many(group))))
         return pending
 
-    def _slot(self, key: tuple) -> _Slot | None:
+    def _slot(self, key: ListKey) -> _Slot | None:
         with self._lock:
             slots = self._plans.get(key)
             if slots is None:
@@ -104,7 +109,7 @@ class Digester:
                     return slot
             return None
 
-    def _keep(self, key: tuple, slot: _Slot) -> None:
+    def _keep(self, key: ListKey, slot: _Slot) -> None:
         with self._lock:
             self._plans.setdefault(key, []).append(slot)
             self._plans.move_to_end(key)
@@ -115,12 +120,11 @@ class Digester:
         with self._lock:
             slot.busy = False
 
-    def _launch(self, device: torch.device, group: list[torch.Tensor]) -> Callable[[], list[str]]:
+    def _launch(self, device: torch.device, group: Sequence[torch.Tensor], key: ListKey) -> Callable[[], bytes]:
         import torch
 
         from detlab.tensors.fingerprint import triton_impl
 
-        key = (device, _key(group))
         with torch.cuda.device(device):
             slot = self._slot(key)
             if slot is None:
@@ -132,18 +136,18 @@ class Digester:
             triton_impl.run(slot.plan)  # zero, kernel, copy to pinned memory: queued; a CUDA graph once reused
             done = recorded_event()
 
-        def read() -> list[str]:
+        def read() -> bytes:
             done.synchronize()  # this launch only; releases the GIL while it waits
             try:
-                return triton_impl.read_digests(slot.plan)
+                return triton_impl.read_packed(slot.plan)
             finally:
                 self._release(slot)
 
         return read
 
 
-def _ready(digests: list[str]) -> Callable[[], list[str]]:
-    return lambda: digests
+def _ready(packed: bytes) -> Callable[[], bytes]:
+    return lambda: packed
 
 
 def recorded_event() -> torch.cuda.Event:

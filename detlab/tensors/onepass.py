@@ -20,6 +20,7 @@ import numpy as np
 
 from detlab.core import sketch
 from detlab.tensors.digests import Pending
+from detlab.tensors.named import ListKey
 
 if TYPE_CHECKING:
     import torch
@@ -42,11 +43,14 @@ class OnePassQueue:
     def __init__(self) -> None:
         self._runner: Any = None
 
-    def submit(self, tensors: Sequence[torch.Tensor]) -> tuple[Pending, Sketched] | None:
+    def submit(self, tensors: Sequence[torch.Tensor], key: ListKey | None = None) -> tuple[Pending, Sketched] | None:
+        """`key`: the list's ListKey where the caller has it."""
         if not tensors or len(tensors) > sketch.MAX_TENSORS or os.environ.get("DETLAB_ONEPASS") == "0":
             return None
-        device = tensors[0].device
-        if device.type != "cuda" or any(t.device != device for t in tensors):
+        if key is None:
+            key = ListKey(tensors)
+        device = key.device
+        if device is None or device.type != "cuda":
             return None
         from detlab.tensors import fingerprint as fp
 
@@ -55,7 +59,7 @@ class OnePassQueue:
             return None
         if self._runner is None:
             self._runner = kernel.OnePass()
-        queued = self._runner.submit(tensors, range(len(tensors)))  # pointers only: no detach per tensor
+        queued = self._runner.submit(tensors, key)  # pointers only: no detach per tensor
         if queued is None:  # a tensor the kernel does not read in place
             return None
         result = _once(queued)

@@ -49,6 +49,7 @@ from detlab.core import sketch
 from detlab.tensors.digests import recorded_event
 from detlab.tensors.fingerprint.reference import DEFAULT_KEY, DigestKey
 from detlab.tensors.fingerprint.triton_impl import _finalize_kernel, _mix, _mix_lanes, capture
+from detlab.tensors.named import ListKey
 
 # dtype -> (the kernel's element type, the integer type of its bits, elements in a 64-bit word, columns of a row
 # that one program reads, rows read at once). With 4 warps a thread holds 8 columns (4 of float64) of each row:
@@ -376,12 +377,12 @@ def run(p: Plan, s: Slot) -> None:
     s.runs += 1
 
 
-def read(p: Plan, s: Slot) -> tuple[list[str], np.ndarray]:
-    """The digests and the [n, 3 + K] values of a run whose copies are known to be done."""
+def read(p: Plan, s: Slot) -> tuple[bytes, np.ndarray]:
+    """The packed digests (as fingerprint.digests_to_bytes packs them) and the [n, 3 + K] values of a run whose
+    copies are known to be done."""
     host = s.host.numpy()
-    hexed = host[: 2 * p.tensors].view(np.uint64).astype(">u8").tobytes().hex()
-    values = host[2 * p.tensors :].view(np.float64).reshape(p.tensors, ROW_VALUES).copy()
-    return [f"{p.key.prefix}:{hexed[i : i + 32]}" for i in range(0, len(hexed), 32)], values
+    packed = host[: 2 * p.tensors].view(np.uint64).astype(">u8").tobytes()
+    return packed, host[2 * p.tensors :].view(np.float64).reshape(p.tensors, ROW_VALUES).copy()
 
 
 class OnePass:
@@ -389,19 +390,18 @@ class OnePass:
 
     def __init__(self, kept: int = KEPT_PLANS) -> None:
         self._kept = kept
-        self._plans: dict[tuple[Any, ...], Plan] = {}
+        self._plans: dict[ListKey, Plan] = {}
         self._lock = threading.Lock()
 
-    def _slot(self, key: tuple[Any, ...], tensors: Sequence[torch.Tensor],
-              indices: Sequence[int]) -> tuple[Plan, Slot] | None:
+    def _slot(self, key: ListKey, tensors: Sequence[torch.Tensor]) -> tuple[Plan, Slot] | None:
         with self._lock:
             p = self._plans.pop(key, None)
             if p is None:
-                # Checked once per plan: a kept plan's key (pointers, sizes, dtypes, contiguity) pins the rest.
+                # Checked once per plan: a kept plan's key (pointers, shapes, strides, dtypes, bits) pins the rest.
                 if not all(map(supported, tensors)):
                     return None
                 with torch.no_grad():
-                    p = plan(tensors, indices)
+                    p = plan(tensors, range(len(tensors)))
             self._plans[key] = p  # most recently used last
             while len(self._plans) > self._kept:
                 self._plans.pop(next(iter(self._plans)))
@@ -419,15 +419,12 @@ class OnePass:
         with self._lock:
             s.busy = False
 
-    def submit(self, tensors: Sequence[torch.Tensor], indices: Sequence[int]) -> Any:
-        """Queue the work for `tensors` (on one CUDA device) on the current stream; returns a function, callable
-        from any thread, that waits for this step's copies alone and gives (digests, float64[n, 3 + K]
-        values); None, queueing nothing, if a tensor is not `supported`."""
-        T = torch.Tensor  # noqa: N806
-        key = (tensors[0].device, tuple(map(T.data_ptr, tensors)), tuple(t.nbytes for t in tensors),
-               tuple(t.dtype for t in tensors), tuple(map(T.is_contiguous, tensors)),
-               tuple(map(T.is_conj, tensors)), tuple(map(T.is_neg, tensors)), tuple(indices))
-        found = self._slot(key, tensors, indices)
+    def submit(self, tensors: Sequence[torch.Tensor], key: ListKey | None = None) -> Any:
+        """Queue the work for `tensors` (on one CUDA device; `key`: their ListKey, made here if not given) on the
+        current stream; returns a function, callable from any thread, that waits for this step's copies alone and
+        gives (packed digests, float64[n, 3 + K] values); None, queueing nothing, if a tensor is not `supported`.
+        A tensor's sketch rows are mapped by its index in `tensors`."""
+        found = self._slot(key if key is not None else ListKey(tensors), tensors)
         if found is None:
             return None
         p, s = found
@@ -435,7 +432,7 @@ class OnePass:
             run(p, s)
             done = recorded_event()
 
-        def result() -> tuple[list[str], np.ndarray]:
+        def result() -> tuple[bytes, np.ndarray]:
             done.synchronize()  # this step only; releases the GIL while it waits
             try:
                 return read(p, s)

@@ -46,3 +46,25 @@ def test_async_digests_are_of_the_tensors_at_the_call(tmp_path: Path) -> None:
     got = {r["step"]: [f"{FP_VERSION}:" + r["digests"][i : i + 32] for i in range(0, len(r["digests"]), 32)]
            for r in records if r["type"] == "step"}
     assert got == expected
+
+
+def test_a_parameter_transposed_in_place_is_read_as_its_values_after_the_plan_was_reused(tmp_path: Path) -> None:
+    """The one-pass plan of an unchanged list is reused from step to step (its CUDA graph replayed); a square
+    weight given transposed strides over the same storage is the same address, shape and dtype, and must not be
+    read through the old plan as if it were still contiguous."""
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64).to(dev)
+    expected = {}
+    with detlab.Recorder(out=tmp_path / "a") as rec:
+        for step in range(5):
+            if step == 3:
+                model.weight.data = model.weight.data.t()  # same storage, shape and dtype; other strides
+                assert not model.weight.is_contiguous()
+            expected[step] = fingerprint_many([model.weight, model.bias])
+            rec.step(step, model)
+    records = [json.loads(line) for line in (tmp_path / "a" / "rank0.jsonl").read_text().splitlines()]
+    got = {r["step"]: [f"{FP_VERSION}:" + r["digests"][i : i + 32] for i in range(0, len(r["digests"]), 32)]
+           for r in records if r["type"] == "step"}
+    assert got == expected
+    assert expected[3] != expected[2]

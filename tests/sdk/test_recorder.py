@@ -188,6 +188,29 @@ def test_a_tensor_list_that_changes_is_refused(tmp_path: Path) -> None:
     rec.close()
 
 
+def test_an_unchanged_tensor_list_is_checked_once_and_a_reshaped_tensor_at_once(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's per-step work is built once: the list is checked at the first step alone while nothing changes;
+    a parameter given another shape over the same storage (same address) is still caught at its step."""
+    checked: list[int] = []
+    check = detlab.Recorder._check_tensors
+    monkeypatch.setattr(detlab.Recorder, "_check_tensors",
+                        lambda self, step, *rest: (checked.append(step), check(self, step, *rest))[1])
+    model = make_model()
+    rec = detlab.Recorder(out=tmp_path / "a")
+    for step in range(4):
+        rec.step(step, model)
+    assert checked == [0]
+    weight = model[0].weight
+    before = weight.data_ptr()
+    weight.data = weight.data.view(4, 8)
+    assert weight.data_ptr() == before
+    with pytest.raises(ValueError, match=r"changed at step 4.*other shape or dtype: \['0.weight'\]"):
+        rec.step(4, model)
+    assert checked == [0, 4]
+    rec.close()
+
+
 def test_a_replaced_parameter_is_fingerprinted_not_its_predecessor(tmp_path: Path) -> None:
     model = make_model()
     with detlab.Recorder(out=tmp_path / "a") as rec:

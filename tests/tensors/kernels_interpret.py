@@ -14,7 +14,14 @@ import torch
 from detlab.core import sketch
 from detlab.tensors import drift_triton
 from detlab.tensors import onepass_triton as op
-from detlab.tensors.fingerprint import FP1_KEY, FP2_KEY, fingerprint_bytes, tensor_bytes, triton_impl
+from detlab.tensors.fingerprint import (
+    FP1_KEY,
+    FP2_KEY,
+    digests_to_bytes,
+    fingerprint_bytes,
+    tensor_bytes,
+    triton_impl,
+)
 
 
 def _index_fix() -> None:
@@ -60,7 +67,7 @@ def check_once() -> None:
     s = op._new_slot(p)
     op.compute(p, s)
     digests, values = op.read(p, s)
-    want = [fingerprint_bytes(tensor_bytes(t)) for t in ts]
+    want = digests_to_bytes([fingerprint_bytes(tensor_bytes(t)) for t in ts])
     assert digests == want, (digests, want)
     check_values(ts, values)
     op.compute(p, s)  # a second run into the same slot: zeroed, the same result

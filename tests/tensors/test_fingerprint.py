@@ -844,7 +844,8 @@ def test_the_recorders_digest_queue_replays_a_cuda_graph_from_a_lists_second_ste
     queue = Digester()
     for step in range(4):
         params[1].add_(1.0)  # changed in place, as an optimizer does: the replay reads the new values
-        assert queue.submit(params).result() == [fingerprint_bytes(tensor_bytes(p)) for p in params], step
+        want = digests_to_bytes([fingerprint_bytes(tensor_bytes(p)) for p in params])
+        assert queue.submit(params).packed() == want, step
     (slots,) = queue._plans.values()
     assert [s.plan.graph is not None for s in slots] == [True] * len(slots)
 
@@ -860,14 +861,14 @@ def test_a_thread_waiting_for_queued_digests_sleeps_instead_of_spinning() -> Non
 
     x = torch.randn(1000, device="cuda")
     queue = Digester()
-    queue.submit([x]).result()  # planned and compiled before the timed wait
+    queue.submit([x]).packed()  # planned and compiled before the timed wait
     torch.cuda._sleep(2_000_000_000)  # about a second of GPU time ahead of the digests
     pending = queue.submit([x])
     spent: dict[str, float] = {}
 
     def wait() -> None:
         cpu, wall = time.thread_time(), time.perf_counter()
-        pending.result()
+        pending.packed()
         spent["cpu"], spent["wall"] = time.thread_time() - cpu, time.perf_counter() - wall
 
     reader = threading.Thread(target=wait)

@@ -13,7 +13,7 @@ from torch.distributed.tensor import DeviceMesh, DTensor, Replicate, Shard, init
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from detlab.core.wire import Placement
-from detlab.tensors.named import describe, dtensor_layout, local
+from detlab.tensors.named import ListKey, describe, dtensor_layout, local
 
 
 @pytest.fixture
@@ -44,3 +44,23 @@ def test_a_shard_on_no_replicate_dimension_is_no_replica(mesh: DeviceMesh) -> No
     t = DTensor.from_local(torch.ones(8, 2), mesh, [Shard(0), Shard(1)], run_check=False)
     placement, replica_of = dtensor_layout(t)
     assert (placement.global_shape, placement.offset, replica_of) == ([16, 4], [8, 2], None)
+
+
+def test_a_list_key_changes_with_anything_that_changes_how_a_tensor_is_read_in_place() -> None:
+    """The recorder reuses a list's launch plans while its ListKey stays equal: every change to a tensor that keeps
+    its address but changes what its bytes mean must change the key."""
+    a, b = torch.randn(4, 4), torch.randn(8)
+    key = ListKey([a, b])
+    assert key == ListKey([a, b]) and hash(key) == hash(ListKey([a, b])) and key.device == torch.device("cpu")
+    same_address = {
+        "another shape": b.view(2, 4), "transposed": a.t(), "another dtype": a.view(torch.int32),
+        "negative bit": torch._neg_view(a), "conjugate bit": torch.randn(4, dtype=torch.complex64),
+    }
+    for why, changed in same_address.items():
+        first = b if why == "another shape" else a
+        if why == "conjugate bit":
+            first, changed = changed, changed.conj()
+        assert changed.data_ptr() == first.data_ptr(), why
+        assert ListKey([first]) != ListKey([changed]), why
+    assert ListKey([a, b]) != ListKey([a.clone(), b])  # another address
+    assert ListKey([]).device is None

@@ -323,10 +323,15 @@ def digests(p: Plan) -> list[str]:
     return read_digests(p)
 
 
+def read_packed(p: Plan) -> bytes:
+    """The packed digests (digest_to_bytes of each: h_0 then h_1, big-endian) of a run whose copy to `p.host` is
+    known to be done."""
+    return p.host.numpy().view(np.uint64).astype(">u8").tobytes()
+
+
 def read_digests(p: Plan) -> list[str]:
     """The digest strings of a run whose copy to `p.host` is known to be done."""
-    # One big-endian hex dump then slicing: h_0 then h_1, 32 hex digits per tensor.
-    hexed = p.host.numpy().view(np.uint64).astype(">u8").tobytes().hex()
+    hexed = read_packed(p).hex()  # one hex dump then slicing: 32 hex digits per tensor
     return [f"{p.key.prefix}:{hexed[i : i + 32]}" for i in range(0, len(hexed), 32)]
 
 
