@@ -427,13 +427,15 @@ class Recorder:
                     placed[i] = packed[at : at + fp.DIGEST_BYTES]
                 packed = b"".join(placed)
             value = read_loss()
-            extra = StepState(batch=read_batch() if read_batch is not None else None, rng=rngs, optimizer=hyper)
+            extra = (StepState(batch=read_batch() if read_batch is not None else None, rng=rngs, optimizer=hyper)
+                     if read_batch is not None or rngs is not None or hyper is not None else None)
             return StepRecord.model_validate({
                 "step": step, "rank": rank, "fp_version": fp.FP_VERSION, "model_digest": fp.fingerprint_bytes(packed),
                 "digests": packed.hex(), "loss_bits": loss_bits(value),
                 "loss": value if value is not None and math.isfinite(value) else None,
                 "step_time_s": max(seconds, 0.0), "drift": _drift(sketched, grad_sketch),
-                "state": extra if extra != StepState() else None, "segment": segment, "restored": restored})
+                "state": extra if extra is not None and extra != StepState() else None, "segment": segment,
+                "restored": restored})
 
         self._spool.put(record)
         if calls:
