@@ -174,13 +174,13 @@ def read_scalar(value: Any) -> Callable[[], float | None]:
         return lambda: number
     if value.numel() != 1:
         raise ValueError(f"loss must be a scalar, got a tensor of shape {tuple(value.shape)}")
-    src = value.detach().reshape(()).to(torch.float32)
-    if src.device.type != "cuda":
-        number = float(src.item())
+    if value.device.type != "cuda":
+        number = float(value.detach().reshape(()).to(torch.float32).item())
         return lambda: number
-    host = torch.empty((), dtype=torch.float32, pin_memory=True)
-    with torch.cuda.device(src.device):
-        host.copy_(src, non_blocking=True)
+    # As few calls into torch as it takes (each lets the writer thread take the GIL): the copy converts the dtype.
+    host = torch.empty(value.shape, dtype=torch.float32, pin_memory=True)
+    with torch.no_grad(), torch.cuda.device(value.device):
+        host.copy_(value, non_blocking=True)
         done = recorded_event()
 
     def read() -> float:

@@ -68,3 +68,17 @@ def test_a_parameter_transposed_in_place_is_read_as_its_values_after_the_plan_wa
            for r in records if r["type"] == "step"}
     assert got == expected
     assert expected[3] != expected[2]
+
+
+def test_a_loss_on_the_gpu_is_read_later_as_its_float32_bits_whatever_its_dtype_and_shape(tmp_path: Path) -> None:
+    dev = torch.device("cuda", 0)
+    model = torch.nn.Linear(4, 4).to(dev)
+    losses = [torch.tensor(1.1, device=dev), torch.tensor([2.3], device=dev, dtype=torch.bfloat16),
+              torch.tensor([[3.7]], device=dev, dtype=torch.float16, requires_grad=True) * 2]
+    with detlab.Recorder(out=tmp_path / "a") as rec:
+        for step, loss in enumerate(losses):
+            rec.step(step, model, loss=loss)
+    records = [json.loads(line) for line in (tmp_path / "a" / "rank0.jsonl").read_text().splitlines()]
+    got = [r["loss_bits"] for r in records if r["type"] == "step"]
+    assert got == [f"{int(loss.detach().float().cpu().view(-1).view(torch.int32)[0]) & 0xFFFFFFFF:08x}"
+                   for loss in losses]
