@@ -1,62 +1,83 @@
 """Where the recorder's host time goes in bench/sdk_overhead.py's lean GPT-2 loop, for one mode in this process:
-which calls of the loop wait for the GPU (torch's sync debug mode, a few steps), then a cProfile of the loop's
-thread inside `rec.step` and, over the next steps, one of the writer thread inside its jobs (record building,
-waits included). One profile at a time: from Python 3.12 a process holds one active profiler (sys.monitoring).
-A diagnosis, not a figure: the overhead itself is bench/sdk_overhead.py's.
+which calls of the loop wait for the GPU (torch's sync debug mode, a few steps), then, per step, the wall time the
+loop's thread spends in each part of `rec.step` and the CPU time the writer thread spends on each record.
 
-    python bench/sdk_host_profile.py default          # or none, no_drift; --size tiny --device cpu to try it
+Timers wrap the parts (a wrapper costs about a microsecond), not a profiler: from Python 3.12 cProfile
+(sys.monitoring) sees every thread at once, so a profile "of the writer" also holds the loop's calls. A part's
+wall time includes any wait for the GIL while the writer holds it. A diagnosis, not a figure: the overhead
+itself is bench/sdk_overhead.py's.
+
+    python bench/sdk_host_profile.py default          # or no_drift; --size tiny --device cpu to try it
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
+import collections
+import functools
+import statistics
 import sys
 import tempfile
-import threading
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sdk_overhead import MODES, SIZES, build  # noqa: E402
+from sdk_overhead import SIZES, build  # noqa: E402
+
+spent: collections.defaultdict[str, float] = collections.defaultdict(float)
 
 
-def profile_jobs(profile: cProfile.Profile) -> threading.Event:
-    """Profile, on the writer thread that runs it, every job put on a Spool while the returned event is set."""
-    from detlab.sdk import spool
+def timed(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - start
 
+    return wrapper
+
+
+def instrument() -> None:
+    """Wrap the parts of `rec.step`, and each job the writer runs (its CPU time: the thread's own)."""
+    from detlab.sdk import recorder, spool
+    from detlab.tensors import named
+
+    for part in ("_state", "_check_tensors", "_queue"):
+        setattr(recorder.Recorder, part, timed(part, getattr(recorder.Recorder, part)))
+    recorder.read_scalar = timed("read_scalar (the loss)", recorder.read_scalar)
+    key = named.ListKey
+    recorder.named_tensors.ListKey = type("ListKey", (key,), {"__init__": timed("ListKey", key.__init__)})
     put = spool.Spool.put
-    on = threading.Event()
 
-    def profiled(self: spool.Spool, job: Any) -> None:
-        if not on.is_set():
-            put(self, job)
-            return
-
+    def put_timed(self: spool.Spool, job: Any) -> None:
         def run() -> Any:
-            profile.enable()
+            start = time.thread_time()
             try:
                 return job()
             finally:
-                profile.disable()
+                spent["writer CPU per record"] += time.thread_time() - start
 
         put(self, run)
 
-    spool.Spool.put = profiled  # type: ignore[method-assign]
-    return on
+    spool.Spool.put = timed("Spool.put", put_timed)  # type: ignore[method-assign]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=MODES)
+    p.add_argument("mode", choices=("default", "no_drift"))
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--size", choices=[s for s in SIZES if s != "mnist"], default="gpt2-small")
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--blocks", type=int, default=5)
+    p.add_argument("--block-steps", type=int, default=20)
     args = p.parse_args()
     import torch
+
+    import detlab
 
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -66,36 +87,29 @@ def main() -> None:
     model, opt, vocab, ctx, batch = build(args.size, device)
     g = torch.Generator(device=device).manual_seed(0)
     batches = [torch.randint(0, vocab, (batch, ctx), device=device, generator=g) for _ in range(4)]
-    in_step, in_jobs = cProfile.Profile(), cProfile.Profile()
-    rec, jobs_on = None, threading.Event()
-    if args.mode != "none":
-        import detlab
-
-        jobs_on = profile_jobs(in_jobs)
-        rec = detlab.Recorder(out=Path(tempfile.mkdtemp()) / "run", drift=args.mode == "default")
+    instrument()
+    rec = detlab.Recorder(out=Path(tempfile.mkdtemp()) / "run", drift=args.mode == "default")
     step = 0
+    in_step = 0.0
 
-    def steps(n: int, profile: cProfile.Profile | None = None) -> None:
-        nonlocal step
+    def steps(n: int) -> None:
+        nonlocal step, in_step
         for _ in range(n):
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 loss = model(batches[step % len(batches)])
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            if rec is not None:
-                if profile is not None:
-                    profile.enable()
-                rec.step(step, model, loss=loss)
-                if profile is not None:
-                    profile.disable()
+            start = time.perf_counter()
+            rec.step(step, model, loss=loss)
+            in_step += time.perf_counter() - start
             step += 1
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize(device)
 
-    steps(5)
+    steps(10)
     sync()
     if cuda:
         with warnings.catch_warnings(record=True) as found:
@@ -103,22 +117,29 @@ def main() -> None:
             torch.cuda.set_sync_debug_mode("warn")
             steps(3)
             torch.cuda.set_sync_debug_mode(0)
-        print(f"[{args.mode}] calls that wait for the GPU in 3 steps: {len(found)}")
-        for w in found[:10]:
+        waits = [w for w in found if "prototype" not in str(w.message)]
+        print(f"[{args.mode}] calls that wait for the GPU in 3 steps: {len(waits)}")
+        for w in waits[:10]:
             print(f"  {w.filename}:{w.lineno}: {str(w.message)[:160]}")
-    if rec is None:
-        return
-    steps(args.steps, in_step)
-    sync()
-    jobs_on.set()  # from here the writer's jobs are profiled and the loop's thread is not
-    steps(args.steps)
-    sync()
+    per_block: collections.defaultdict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(args.blocks):
+        sync()
+        time.sleep(0.05)  # the writer done with the warm-up's records
+        spent.clear()
+        in_step = 0.0
+        start = time.perf_counter()
+        steps(args.block_steps)
+        sync()
+        per_block["step (wall, a sync at the block's end)"].append(time.perf_counter() - start)
+        per_block["rec.step (the loop's thread)"].append(in_step)
+        time.sleep(0.05)  # the block's last records written, so that each block counts its own
+        for name, seconds in spent.items():
+            per_block[name].append(seconds)
     rec.close()
-    for name, profile in ((f"the loop's thread in rec.step, {args.steps} steps", in_step),
-                          (f"the writer thread in its jobs, the next {args.steps} steps", in_jobs)):
-        out = io.StringIO()
-        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(20)
-        print(f"==== [{args.mode}] {name}\n{out.getvalue()}")
+    print(f"[{args.mode}] per step, median (min to max) over {args.blocks} blocks of {args.block_steps} steps:")
+    for name, values in per_block.items():
+        ms = [v / args.block_steps * 1e3 for v in values]
+        print(f"  {name:40s} {statistics.median(ms):8.3f} ms  ({min(ms):.3f} to {max(ms):.3f})")
 
 
 if __name__ == "__main__":
