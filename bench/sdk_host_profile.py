@@ -1,6 +1,8 @@
 """Where the recorder's host time goes in bench/sdk_overhead.py's lean GPT-2 loop, for one mode in this process:
 which calls of the loop wait for the GPU (torch's sync debug mode, a few steps), then, per step, the wall time the
-loop's thread spends in each part of `rec.step` and the CPU time the writer thread spends on each record.
+loop's thread spends in each part of `rec.step` and the CPU time the writer thread spends on each record, and of
+that the part outside its waits for the GPU (a blocking CUDA event's wait still costs some CPU, without the GIL):
+what the writer takes of the GIL.
 
 Timers wrap the parts (a wrapper costs about a microsecond), not a profiler: from Python 3.12 cProfile
 (sys.monitoring) sees every thread at once, so a profile "of the writer" also holds the loop's calls. A part's
@@ -18,6 +20,7 @@ import functools
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -53,16 +56,32 @@ def instrument() -> None:
     key = named.ListKey
     recorder.named_tensors.ListKey = type("ListKey", (key,), {"__init__": timed("ListKey", key.__init__)})
     put = spool.Spool.put
+    waited = threading.local()  # the writer's CPU time inside waits for the GPU (they release the GIL)
 
     def put_timed(self: spool.Spool, job: Any) -> None:
         def run() -> Any:
-            start = time.thread_time()
+            start, waited.cpu = time.thread_time(), 0.0
             try:
                 return job()
             finally:
                 spent["writer CPU per record"] += time.thread_time() - start
+                spent["  of it outside waits for the GPU"] += time.thread_time() - start - waited.cpu
 
         put(self, run)
+
+    import torch
+
+    synchronize = torch.cuda.Event.synchronize
+
+    def synchronize_timed(event: torch.cuda.Event) -> None:
+        start = time.thread_time()
+        try:
+            synchronize(event)
+        finally:
+            if hasattr(waited, "cpu"):
+                waited.cpu += time.thread_time() - start
+
+    torch.cuda.Event.synchronize = synchronize_timed  # type: ignore[method-assign]
 
     spool.Spool.put = timed("Spool.put", put_timed)  # type: ignore[method-assign]
 
