@@ -86,13 +86,14 @@ def cpu_snapshot(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
     SNAPSHOT_BYTES, or DETLAB_CPU_DEFER=0): same logical bytes, so the same digests and sketches."""
     import torch
 
-    if (not tensors or os.environ.get("DETLAB_CPU_DEFER") == "0" or any(t.device.type != "cpu" for t in tensors)
-            or sum(t.nbytes for t in tensors) > SNAPSHOT_BYTES):
-        return None
     from detlab.tensors.fingerprint.torch_impl import check_supported
 
+    if not tensors or os.environ.get("DETLAB_CPU_DEFER") == "0" or any(t.device.type != "cpu" for t in tensors):
+        return None
     for t in tensors:  # a tensor that cannot be hashed is refused at the call, as before, not on the writer
         check_supported(t)
+    if sum(t.nbytes for t in tensors) > SNAPSHOT_BYTES:
+        return None
     with torch.no_grad():
         return [t.detach().clone() for t in tensors]
 
@@ -495,6 +496,8 @@ class Recorder:
         """The tensors a step records (gradients aside) and the component of each: the same list objects as at the
         last call while the lists they come from are (ModelTensors keeps its lists while the model is unchanged;
         the optimizer's state is listed anew at every call)."""
+        import torch
+
         found = self._tensors_of(model)
         parts: list[tuple[TensorComponent, named_tensors.Named]] = [("parameters", found.parameters())]
         if self._buffers:
@@ -508,7 +511,9 @@ class Recorder:
             state = [t for _, named in kept for t in named]
             tensors = [t for _, t in state]
             dtensor = named_tensors.dtensor_type()
-            plain = tensors if dtensor is None or not any(isinstance(t, dtensor) for t in tensors) else None
+            # A ListKey reads data pointers: plain strided tensors only (others go the way they went before it).
+            plain = tensors if all(t.layout == torch.strided and (dtensor is None or not isinstance(t, dtensor))
+                                   for t in tensors) else None
             self._listed = (lists, state, [c for c, named in kept for _ in named], plain)
         return self._listed[1], self._listed[2]
 

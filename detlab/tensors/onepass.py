@@ -48,6 +48,10 @@ class OnePassQueue:
         if not tensors or len(tensors) > sketch.MAX_TENSORS or os.environ.get("DETLAB_ONEPASS") == "0":
             return None
         if key is None:
+            import torch
+
+            if tensors[0].device.type != "cuda" or any(t.layout != torch.strided for t in tensors):
+                return None
             key = ListKey(tensors)
         device = key.device
         if device is None or device.type != "cuda":

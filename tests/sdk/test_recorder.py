@@ -211,6 +211,16 @@ def test_an_unchanged_tensor_list_is_checked_once_and_a_reshaped_tensor_at_once(
     rec.close()
 
 
+def test_a_sparse_buffer_is_refused_at_the_call_with_what_to_do(tmp_path: Path) -> None:
+    """It raised torch's own "nbytes is not defined for sparse tensors" (the snapshot's size was summed before its
+    tensors were checked), then "Cannot access data pointer" (a ListKey made of it)."""
+    model = make_model()
+    model.register_buffer("adjacency", torch.eye(3).to_sparse())
+    with detlab.Recorder(out=tmp_path / "a", buffers=True) as rec:
+        with pytest.raises(TypeError, match=r"sparse_coo tensor .* call .to_dense\(\) first"):
+            rec.step(0, model)
+
+
 def test_a_replaced_parameter_is_fingerprinted_not_its_predecessor(tmp_path: Path) -> None:
     model = make_model()
     with detlab.Recorder(out=tmp_path / "a") as rec:
