@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -346,7 +347,8 @@ class TensorsRecord(Wire):
 class Drift(Wire):
     """Per tensor, in the digests' order: float64 sum, L2 norm and max |x| (`stats`, 3 numbers) and the count
     sketch (`sketch`, K numbers) of detlab.core.sketch's `version`; little-endian float64 as hex. Every number
-    is finite: a rank whose tensors hold NaN or inf records none of this (its digests say the rest)."""
+    is finite: a rank whose tensors hold NaN or inf records none of this (its digests say the rest). In Python the
+    numbers may also be given as their raw bytes (the recorder's writer does): checked as they are, kept as hex."""
 
     version: Literal["cs1"] = "cs1"  # detlab.core.sketch.VERSION
     stats: str = Field(max_length=sketch.MAX_TENSORS * sketch.STAT_BYTES * 2)
@@ -355,21 +357,37 @@ class Drift(Wire):
     def tensors(self) -> int:
         return len(self.stats) // (2 * sketch.STAT_BYTES)
 
+    @field_validator("stats", "sketch", mode="before")
+    @classmethod
+    def _finite_hex(cls, value: object, info: ValidationInfo) -> object:
+        """Decoded once (text) or not at all (bytes): lowercase hex of whole float64, none of them NaN or inf."""
+        name = info.field_name
+        limit = sketch.MAX_TENSORS * (sketch.STAT_BYTES if name == "stats" else sketch.SKETCH_BYTES)
+        if isinstance(value, (bytes, bytearray)):
+            if len(value) > limit:
+                raise ValueError(f"{name} holds the numbers of at most {sketch.MAX_TENSORS} tensors")
+            raw, text = bytes(value), value.hex()
+        elif isinstance(value, str) and len(value) <= 2 * limit:
+            try:  # hex digits and whitespace; as long as the text, no whitespace (cheaper than a pattern)
+                raw = bytes.fromhex(value)
+            except ValueError:
+                raw = b""
+            if 2 * len(raw) != len(value) or any(upper in value for upper in "ABCDEF"):
+                raise ValueError(f"{name} must be lowercase hex digits, 16 per float64")
+            text = value
+        else:  # another type, or too long to decode: the field's own checks say what is wrong
+            return value
+        if len(raw) % 8:
+            raise ValueError(f"{name} must be lowercase hex digits, 16 per float64")
+        if not np.isfinite(np.frombuffer(raw, dtype="<f8")).all():
+            raise ValueError(f"{name} holds a NaN or an infinity: record no drift data for such a step")
+        return text
+
     @model_validator(mode="after")
-    def _whole_and_finite(self) -> Drift:
+    def _whole(self) -> Drift:
         if len(self.stats) % (2 * sketch.STAT_BYTES) or len(self.sketch) != self.tensors() * 2 * sketch.SKETCH_BYTES:
             raise ValueError(f"stats must hold {sketch.STATS} and sketch {sketch.K} float64 per tensor, for the "
                              f"same tensors (got {len(self.stats) // 16} and {len(self.sketch) // 16} numbers)")
-        for name in ("stats", "sketch"):
-            text = getattr(self, name)
-            try:  # decoded once: hex digits and whitespace; as long as the text, no whitespace (cheaper than a
-                raw = bytes.fromhex(text)  # pattern, or than a round trip, on 45 KB a step)
-            except ValueError:
-                raw = b""
-            if 2 * len(raw) != len(text) or any(upper in text for upper in "ABCDEF"):
-                raise ValueError(f"{name} must be lowercase hex digits, 16 per float64")
-            if not np.isfinite(np.frombuffer(raw, dtype="<f8")).all():
-                raise ValueError(f"{name} holds a NaN or an infinity: record no drift data for such a step")
         return self
 
 

@@ -63,17 +63,18 @@ def loss_bits(value: float | None) -> str:
 Sketched = Callable[[], "tuple[bytes, bytes] | None"]
 
 
-def _drift(state: Sketched | None, grads: Sketched | None) -> dict[str, str] | None:
-    """The record's drift data (a `Drift`'s fields): the state's stats and sketches, then the gradients' (None
-    where either has none). A gradient's row map is that of its index in the gradients' own list: both runs record
-    the same lists. Fields, not a `Drift`: the step record validates them once, where an instance would be
-    checked twice (pydantic runs a model's after-validators again on an instance: 45 us a GPT-2 step)."""
+def _drift(state: Sketched | None, grads: Sketched | None) -> dict[str, bytes] | None:
+    """The record's drift data (a `Drift`'s fields, as raw bytes): the state's stats and sketches, then the
+    gradients' (None where either has none). A gradient's row map is that of its index in the gradients' own list:
+    both runs record the same lists. Fields, not a `Drift`: the step record validates them once, where an instance
+    would be checked twice (pydantic validates a model instance in a field again: 45 us a GPT-2 step); bytes, not
+    text: checked without decoding 45 KB of hex a step."""
     if state is None:
         return None
     found = [state(), *([grads()] if grads is not None else [])]
     if any(f is None for f in found):
         return None
-    return {"stats": "".join(f[0].hex() for f in found if f), "sketch": "".join(f[1].hex() for f in found if f)}
+    return {"stats": b"".join(f[0] for f in found if f), "sketch": b"".join(f[1] for f in found if f)}
 
 
 # CPU lists up to this size are copied at the call and digested on the writer thread; the spool holds at most

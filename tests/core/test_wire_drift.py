@@ -65,3 +65,16 @@ def test_drift_data_that_is_not_lowercase_hex_is_refused(where: str, text: str) 
     body[where] = text + body[where][2:]
     with pytest.raises(ValidationError, match=f"{where} must be lowercase hex"):
         Drift.model_validate(body)
+
+
+def test_raw_bytes_from_python_are_checked_as_numbers_and_kept_as_the_same_hex() -> None:
+    stats, sk = np.ones((2, sketch.STATS)), np.zeros((2, sketch.K))
+    given = Drift.model_validate({"stats": sketch.pack(stats), "sketch": sketch.pack(sk)})
+    assert given == Drift.model_validate(drift())
+    stats[1, 2] = float("nan")
+    with pytest.raises(ValidationError, match="stats holds a NaN or an infinity"):
+        Drift.model_validate({"stats": sketch.pack(stats), "sketch": sketch.pack(sk)})
+    with pytest.raises(ValidationError, match="sketch must be lowercase hex digits, 16 per float64"):
+        Drift.model_validate({"stats": sketch.pack(np.ones((2, sketch.STATS))), "sketch": sketch.pack(sk)[:-3]})
+    with pytest.raises(ValidationError, match="at most"):
+        Drift.model_validate({"stats": b"0" * (sketch.MAX_TENSORS * sketch.STAT_BYTES + 8), "sketch": b""})
