@@ -425,8 +425,8 @@ class Recorder:
             packed = digests.packed() + (grad_digests.packed() if grad_digests is not None else b"")
             if absent is not None:  # the restored state lacks some of the list (gradients, lost optimizer state)
                 placed = [ABSENT] * slots
-                for i, at in zip(absent, range(0, len(packed), fp.DIGEST_BYTES), strict=True):
-                    placed[i] = packed[at : at + fp.DIGEST_BYTES]
+                for i, digest in zip(absent, fp.split_packed(packed), strict=True):
+                    placed[i] = digest
                 packed = b"".join(placed)
             value = read_loss()
             extra = (StepState(batch=read_batch() if read_batch is not None else None, rng=rngs, optimizer=hyper)

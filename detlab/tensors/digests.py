@@ -53,16 +53,15 @@ class Pending:
 
     def packed(self) -> bytes:
         """Every digest, packed, in the list's order (waits for the GPU where it must)."""
-        from detlab.tensors.fingerprint import DIGEST_BYTES as D  # noqa: N811
+        from detlab.tensors.fingerprint import split_packed
 
         if len(self._parts) == 1 and len(self._parts[0][0]) == self._n:  # one part: the whole list, in order
             return self._parts[0][1]()
-        out = bytearray(self._n * D)
+        pieces = [b""] * self._n
         for indices, read in self._parts:
-            found = read()
-            for k, i in enumerate(indices):
-                out[i * D : (i + 1) * D] = found[k * D : (k + 1) * D]
-        return bytes(out)
+            for i, digest in zip(indices, split_packed(read()), strict=True):
+                pieces[i] = digest
+        return b"".join(pieces)
 
 
 class Digester:
@@ -91,8 +90,8 @@ class Digester:
         for device, idx in by_device.items():
             group = tensors if len(idx) == len(tensors) else [tensors[i] for i in idx]
             if device.type == "cuda" and fp.implementation_name(device) == "triton":
-                whole = key if key is not None and len(idx) == len(tensors) else None
-                pending.add(idx, self._launch(device, group, whole or ListKey(group)))
+                own = key if key is not None and len(idx) == len(tensors) else ListKey(group)  # the caller's: whole
+                pending.add(idx, self._launch(device, group, own))
             else:
                 pending.add(idx, _ready(fp.digests_to_bytes(fp.fingerprint_many(group))))
         return pending

@@ -227,9 +227,6 @@ class ListKey:
         self.device = devices[0] if devices and devices.count(devices[0]) == len(devices) else None
         self._hash: int | None = None
 
-    def __len__(self) -> int:
-        return len(self.parts[0])
-
     def __eq__(self, other: object) -> bool:
         return self is other or (isinstance(other, ListKey) and self.parts == other.parts)
 

@@ -65,7 +65,7 @@ def submit_batch(batch: Any, digester: Digester) -> Callable[[], dict[str, str]]
         from detlab.tensors import fingerprint as fp
 
         packed = pending.packed() if pending is not None else b""
-        found = [fp.bytes_to_digest(packed[i : i + fp.DIGEST_BYTES]) for i in range(0, len(packed), fp.DIGEST_BYTES)]
+        found = [fp.bytes_to_digest(d) for d in fp.split_packed(packed)]
         out = {p: _hash(f"{d} {s}".encode()) for (p, _), d, s in zip(tensors, found, described, strict=True)}
         return {p: out.get(p) or others[p] for p, _ in leaves}
 

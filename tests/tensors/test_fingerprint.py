@@ -946,3 +946,16 @@ def test_fp1_on_request_runs_the_triton_kernel_and_matches_the_reference() -> No
         assert fingerprint_many(tensors, key=FP1_KEY) == want
         assert fingerprint_many(tensors) == [fingerprint_bytes(tensor_bytes(t)) for t in tensors]
     assert fingerprint_many_triton(tensors, key=FP1_KEY) == want
+
+
+def test_a_pending_list_puts_each_parts_packed_digests_at_their_indices() -> None:
+    """A list on several devices is read in parts (one per device); the packed result is in the list's order."""
+    from detlab.tensors.digests import Pending
+    from detlab.tensors.fingerprint import split_packed
+
+    pending = Pending(3)
+    pending.add([2, 0], lambda: b"c" * 16 + b"a" * 16)
+    pending.add([1], lambda: b"b" * 16)
+    assert pending.packed() == b"a" * 16 + b"b" * 16 + b"c" * 16
+    with pytest.raises(ValueError, match="a multiple of 16 bytes, got 17"):
+        split_packed(bytes(17))

@@ -91,8 +91,7 @@ def train(spec: RankSpec) -> None:
         state = tensors.optimizer_state(opt)
         by_name = dict(params + state)
         present = [by_name[n] for n in names if n in by_name]
-        got = digester.submit(present).packed()
-        found = iter(got[i : i + fp.DIGEST_BYTES] for i in range(0, len(got), fp.DIGEST_BYTES))
+        found = iter(fp.split_packed(digester.submit(present).packed()))
         packed = b"".join(next(found) if n in by_name else ABSENT for n in names)
         value = float(loss.item()) if loss is not None else None
         extra = StepState(batch=train_state.submit_batch(batch, digester)() if batch is not None else None,

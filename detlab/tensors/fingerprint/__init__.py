@@ -29,6 +29,7 @@ from .reference import (
     digest_to_bytes,
     digests_to_bytes,
     fingerprint_bytes,
+    split_packed,
 )
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ __all__ = [
     "fingerprint_bytes",
     "fingerprint_many",
     "implementation_name",
+    "split_packed",
     "tensor_bytes",
 ]
 

@@ -178,6 +178,13 @@ def digests_to_bytes(digests: Sequence[str]) -> bytes:
     return bytes.fromhex(_VERSION_RE.sub("", lines))  # fromhex skips the newlines
 
 
+def split_packed(packed: bytes) -> list[bytes]:
+    """Packed digests (digests_to_bytes) back into one DIGEST_BYTES piece per digest."""
+    if len(packed) % DIGEST_BYTES:
+        raise ValueError(f"packed digests are a multiple of {DIGEST_BYTES} bytes, got {len(packed)}")
+    return [packed[i : i + DIGEST_BYTES] for i in range(0, len(packed), DIGEST_BYTES)]
+
+
 def bytes_to_digest(packed: bytes, version: str = FP_VERSION) -> str:
     """Unpack 16 raw bytes (from digest_to_bytes) into the digest string of `version`."""
     if len(packed) != DIGEST_BYTES:
