@@ -4,12 +4,16 @@ loop's thread spends in each part of `rec.step` and the CPU time the writer thre
 that the part outside its waits for the GPU (a blocking CUDA event's wait still costs some CPU, without the GIL):
 what the writer takes of the GIL.
 
+`slack` asks first whether the host's time counts at all: the bare loop (no recorder) busy-waits x ms, holding the
+GIL as Python work would, at the end of every step, x cycling over blocks. While the wall clock stays flat the
+GPU's queue hides that much host work per step, and shaving the recorder's host time below it buys nothing.
+
 Timers wrap the parts (a wrapper costs about a microsecond), not a profiler: from Python 3.12 cProfile
 (sys.monitoring) sees every thread at once, so a profile "of the writer" also holds the loop's calls. A part's
 wall time includes any wait for the GIL while the writer holds it. A diagnosis, not a figure: the overhead
 itself is bench/sdk_overhead.py's.
 
-    python bench/sdk_host_profile.py default          # or no_drift; --size tiny --device cpu to try it
+    python bench/sdk_host_profile.py default          # or no_drift, or slack; --size tiny --device cpu to try it
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def instrument() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("default", "no_drift"))
+    p.add_argument("mode", choices=("default", "no_drift", "slack"))
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--size", choices=[s for s in SIZES if s != "mnist"], default="gpt2-small")
     p.add_argument("--blocks", type=int, default=5)
@@ -106,6 +110,9 @@ def main() -> None:
     model, opt, vocab, ctx, batch = build(args.size, device)
     g = torch.Generator(device=device).manual_seed(0)
     batches = [torch.randint(0, vocab, (batch, ctx), device=device, generator=g) for _ in range(4)]
+    if args.mode == "slack":
+        slack(model, opt, batches, args, device)
+        return
     instrument()
     rec = detlab.Recorder(out=Path(tempfile.mkdtemp()) / "run", drift=args.mode == "default")
     step = 0
@@ -159,6 +166,46 @@ def main() -> None:
     for name, values in per_block.items():
         ms = [v / args.block_steps * 1e3 for v in values]
         print(f"  {name:40s} {statistics.median(ms):8.3f} ms  ({min(ms):.3f} to {max(ms):.3f})")
+
+
+def slack(model: Any, opt: Any, batches: list[Any], args: argparse.Namespace, device: Any) -> None:
+    import torch
+
+    busy_ms = (0.0, 0.5, 1.0, 2.0, 4.0)
+    step = 0
+
+    def steps(n: int, busy: float) -> None:
+        nonlocal step
+        for _ in range(n):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = model(batches[step % len(batches)])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            until = time.perf_counter() + busy / 1e3
+            while time.perf_counter() < until:  # Python work's way: the GIL held, a core busy
+                pass
+            step += 1
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    steps(10, 0.0)
+    sync()
+    walls: dict[float, list[float]] = {x: [] for x in busy_ms}
+    for block in range(args.blocks):
+        for x in busy_ms if block % 2 == 0 else busy_ms[::-1]:
+            start = time.perf_counter()
+            steps(args.block_steps, x)
+            sync()
+            walls[x].append((time.perf_counter() - start) / args.block_steps * 1e3)
+    base = statistics.median(walls[0.0])
+    print(f"[slack] per step, median (min to max) over {args.blocks} blocks of {args.block_steps} steps, the bare loop "
+          "busy-waiting x ms at each step's end:")
+    for x, ms in walls.items():
+        print(f"  x = {x:3.1f} ms: wall {statistics.median(ms):8.3f} ms ({min(ms):.3f} to {max(ms):.3f}), "
+              f"{statistics.median(ms) - base:+.3f} ms against x = 0")
 
 
 if __name__ == "__main__":
