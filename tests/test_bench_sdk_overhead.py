@@ -1,9 +1,10 @@
 """bench/sdk_overhead.py kept working: the three modes, two tiny CPU processes each, write the issue's JSON and
-state the noise."""
+state the noise; and bench/sdk_host_profile.py's diagnosis runs."""
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -42,3 +43,20 @@ def test_the_gpu_work_modes_refuse_the_cpu() -> None:
     out = subprocess.run([sys.executable, "bench/sdk_overhead.py", "--device", "cpu", "--kernels"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--kernels times the recorder's CUDA kernels" in out.stderr, out.stderr
+
+
+def test_the_host_profile_runs_tiny_on_the_cpu() -> None:
+    """bench/sdk_host_profile.py kept working: a recorded mode names every timed part of rec.step and the writer's
+    time; slack times the bare loop at each busy-wait, which on the CPU (no device queue to hide it) shows."""
+    ran = {mode: subprocess.run([sys.executable, "bench/sdk_host_profile.py", mode, "--device", "cpu", "--size", "tiny",
+                                 "--blocks", "2", "--block-steps", "2"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300) for mode in ("no_drift", "slack")}
+    for mode, out in ran.items():
+        assert out.returncode == 0, (mode, out.stderr[-3000:])
+    for part in ("rec.step (the loop's thread)", "ListKey", "_queue", "read_scalar (the loss)",
+                 "writer CPU per record", "of it outside waits for the GPU"):
+        assert part in ran["no_drift"].stdout
+    walls = {float(m.group(1)): float(m.group(2)) for m in re.finditer(r"x = (\S+) ms: wall +(\S+) ms",
+                                                                      ran["slack"].stdout)}
+    assert sorted(walls) == [0.0, 0.5, 1.0, 2.0, 4.0]
+    assert walls[4.0] > walls[0.0] + 2  # a CPU loop pays its host's time: 4 ms a step, less noise
