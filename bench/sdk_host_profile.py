@@ -90,6 +90,25 @@ def instrument() -> None:
     spool.Spool.put = timed("Spool.put", put_timed)  # type: ignore[method-assign]
 
 
+def train_step(model: Any, opt: Any, ids: Any) -> Any:
+    """One step of the lean loop (bf16 autocast forward, backward, optimizer step); its loss."""
+    import torch
+
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+        loss = model(ids)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("mode", choices=("default", "no_drift", "slack"))
@@ -121,22 +140,14 @@ def main() -> None:
     def steps(n: int) -> None:
         nonlocal step, in_step
         for _ in range(n):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = model(batches[step % len(batches)])
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loss = train_step(model, opt, batches[step % len(batches)])
             start = time.perf_counter()
             rec.step(step, model, loss=loss)
             in_step += time.perf_counter() - start
             step += 1
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
     steps(10)
-    sync()
+    sync(device)
     if cuda:
         with warnings.catch_warnings(record=True) as found:
             warnings.simplefilter("always")
@@ -149,13 +160,13 @@ def main() -> None:
             print(f"  {w.filename}:{w.lineno}: {str(w.message)[:160]}")
     per_block: collections.defaultdict[str, list[float]] = collections.defaultdict(list)
     for _ in range(args.blocks):
-        sync()
+        sync(device)
         time.sleep(0.05)  # the writer done with the warm-up's records
         spent.clear()
         in_step = 0.0
         start = time.perf_counter()
         steps(args.block_steps)
-        sync()
+        sync(device)
         per_block["step (wall, a sync at the block's end)"].append(time.perf_counter() - start)
         per_block["rec.step (the loop's thread)"].append(in_step)
         time.sleep(0.05)  # the block's last records written, so that each block counts its own
@@ -169,36 +180,26 @@ def main() -> None:
 
 
 def slack(model: Any, opt: Any, batches: list[Any], args: argparse.Namespace, device: Any) -> None:
-    import torch
-
     busy_ms = (0.0, 0.5, 1.0, 2.0, 4.0)
     step = 0
 
     def steps(n: int, busy: float) -> None:
         nonlocal step
         for _ in range(n):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = model(batches[step % len(batches)])
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            train_step(model, opt, batches[step % len(batches)])
             until = time.perf_counter() + busy / 1e3
             while time.perf_counter() < until:  # Python work's way: the GIL held, a core busy
                 pass
             step += 1
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     steps(10, 0.0)
-    sync()
+    sync(device)
     walls: dict[float, list[float]] = {x: [] for x in busy_ms}
     for block in range(args.blocks):
         for x in busy_ms if block % 2 == 0 else busy_ms[::-1]:
             start = time.perf_counter()
             steps(args.block_steps, x)
-            sync()
+            sync(device)
             walls[x].append((time.perf_counter() - start) / args.block_steps * 1e3)
     base = statistics.median(walls[0.0])
     print(f"[slack] per step, median (min to max) over {args.blocks} blocks of {args.block_steps} steps, the bare loop "
