@@ -24,16 +24,27 @@ above. `--kernels` adds two modes that split the cost: `gpu_onepass` replays the
 GPU work (digests, stats and sketch of the same tensors) after every step and `gpu_fingerprint` the
 fingerprint's alone (what drift=False queues), with nothing read back, written or handed to a thread: what
 the GPU's work costs the loop by itself.
+
+`--timeline N` asks the GPU's own timeline where a cost goes: after the timed blocks, each process runs N more
+steps under torch.profiler (CUDA activity only, no CPU-op tracing), one 1-cycle `spin_kernel` queued at each
+step's start to mark it on the device. Per step after the first three (the queue filling from idle), from one
+marker to the next: the step's time on the GPU, the time some kernel or copy ran (busy) and none did (idle, with
+its gaps), the recorder's kernels, the copies, and each of the model's kernels; the median over those steps. A
+mode that costs more with as much idle is slower kernels; with more idle, a stream that waits. The traces are
+kept (`--out DIR/traces/`, gzipped, for Perfetto); the profiled steps are not in the timed blocks.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
+import gzip
 import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,6 +59,11 @@ MODES = ("none", "default", "no_drift")
 BEFORE = "default_before"
 BEFORE_ENV = {"DETLAB_ONEPASS": "0", "DETLAB_CPU_DEFER": "0", "DETLAB_FP_NUMBA": "0"}
 KERNELS = ("gpu_onepass", "gpu_fingerprint")  # --kernels: the recorder's GPU work alone
+# --timeline: the recorder's Triton kernels (detlab/tensors), the step marker (torch.cuda._sleep's kernel), the
+# steps a timeline skips while the queue fills.
+DETLAB_KERNELS = ("_onepass_kernel", "_per_tensor_kernel", "_rows_kernel", "_fp_kernel", "_finalize_kernel")
+MARKER = "spin_kernel"  # at::cuda::(anonymous namespace)::spin_kernel(long), demangled
+TIMELINE_SKIP = 3
 SIZES = {  # layers, embedding, heads, vocabulary, context, batch
     "gpt2-small": (12, 768, 12, 50257, 1024, 8),
     "tiny": (2, 64, 2, 256, 32, 2),
@@ -183,9 +199,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     step = 0
     in_rec: list[float] = []  # seconds inside rec.step, per timed step
 
-    def steps(n: int) -> None:
+    def steps(n: int, mark: bool = False) -> None:
         nonlocal step
         for _ in range(n):
+            if mark:
+                torch.cuda._sleep(1)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
                 loss = model(*batches[step % len(batches)])
             loss.backward()
@@ -206,6 +224,20 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         steps(args.block_steps)
         sync()
         blocks.append((time.perf_counter() - t0) / args.block_steps * 1e3)
+    rec_step_host_ms = statistics.median(in_rec) * 1e3 if in_rec else None
+    timeline = None
+    if args.timeline:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            steps(args.timeline, mark=True)
+            sync()
+        trace = Path(args.rec_dir) / f"trace-{args.mode}-{os.getpid()}.json"
+        prof.export_chrome_trace(str(trace))
+        with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
+            packed.write(raw.read())
+        timeline = read_timeline(json.loads(trace.read_text()))
+        trace.unlink()
     recorded = None  # steps in the recording, for the modes that record
     if rec is not None and not isinstance(rec, GpuWork):
         rec.close()  # outside the timed blocks; every step's record must be there
@@ -214,9 +246,58 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         assert rec.out is not None
         recorded = len(load_run(rec.out).steps())
     return {"mode": args.mode, "pid": os.getpid(), "block_ms": blocks, "steps_recorded": recorded,
-            "rec_step_host_ms": statistics.median(in_rec) * 1e3 if in_rec else None,
-            "steps": step, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__}
+            "rec_step_host_ms": rec_step_host_ms, "timeline": timeline, "steps": step, "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+
+
+# ---- the GPU's timeline ----------------------------------------------------------------------------------
+def read_timeline(trace: dict[str, Any], skip: int = TIMELINE_SKIP) -> dict[str, Any]:
+    """Per marked step of a torch.profiler Chrome trace (times in ms, medians over the steps after `skip`): the
+    step on the GPU (marker to marker), busy (the union of kernels, copies and memsets on every stream), idle and
+    its gaps over 20 µs, the recorder's kernels, the copies, each model kernel; and the host's CUDA calls."""
+    timed = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    device = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"], e["cat"]) for e in timed
+                     if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    marks = [(start, stop) for start, stop, name, _ in device if MARKER in name]
+    if len(marks) < skip + 2:
+        raise ValueError(f"{len(marks)} step markers ({MARKER}) in the trace: fewer than {skip + 2}")
+    steps = list(zip(marks[skip:], marks[skip + 1:], strict=False))
+    per_step: list[dict[str, Any]] = []
+    gaps: list[tuple[float, str, str]] = []  # (µs, what ran before, what ran after)
+    for (lo, end), (hi, _) in steps:
+        busy, last, spent = end - lo, MARKER, collections.Counter[str]()
+        for start, stop, name, cat in device:
+            if not lo < start < hi:
+                continue
+            if start > end and start - end > 20:
+                gaps.append((start - end, last, name))
+            busy += max(0.0, stop - max(start, end))
+            if stop > end:
+                end, last = stop, name
+            spent[name if cat == "kernel" and not name.startswith(DETLAB_KERNELS) else
+                  "recorder kernels" if cat == "kernel" else "copies and memsets"] += stop - start
+        if hi - end > 20:  # idle until the next step's marker
+            gaps.append((hi - end, last, MARKER))
+        per_step.append({"gpu_step": hi - lo, "busy": busy, "spent": spent})
+    per_ms = lambda xs: round(statistics.median(xs) / 1e3, 4)  # noqa: E731  µs to ms
+    host: collections.defaultdict[str, list[float]] = collections.defaultdict(list)
+    for e in timed:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and steps[0][0][0] <= float(e["ts"]) < steps[-1][1][0]:
+            host[e["name"]].append(float(e["dur"]))
+    n = len(per_step)
+    return {
+        "steps": n,
+        "gpu_step_ms": per_ms([s["gpu_step"] for s in per_step]),
+        "busy_ms": per_ms([s["busy"] for s in per_step]),
+        "idle_ms": per_ms([s["gpu_step"] - s["busy"] for s in per_step]),
+        "gaps_over_20us_per_step": len(gaps) / n,
+        "largest_gaps": [{"us": round(us, 1), "after": a[:100], "before": b[:100]}
+                         for us, a, b in sorted(gaps, reverse=True)[:8]],
+        "spent_ms": {k: per_ms([s["spent"][k] for s in per_step]) for k in sorted({k for s in per_step
+                                                                                   for k in s["spent"]})},
+        "host_calls": {k: {"per_step": len(v) / n, "ms_per_step": round(sum(v) / n / 1e3, 4)}
+                       for k, v in sorted(host.items(), key=lambda kv: -sum(kv[1]))[:12]},
+    }
 
 
 # ---- the parent: interleaved processes -------------------------------------------------------------------
@@ -239,12 +320,17 @@ def main() -> None:
                    help=f"also a mode {BEFORE}: the default recorder with {BEFORE_ENV}")
     p.add_argument("--kernels", action="store_true",
                    help=f"also modes {', '.join(KERNELS)}: the recorder's GPU work alone (CUDA only)")
+    p.add_argument("--timeline", type=int, default=0, metavar="N",
+                   help=f"after the timed blocks, N steps under torch.profiler, each step's GPU timeline (CUDA only; "
+                        f"N > {TIMELINE_SKIP + 1})")
     p.add_argument("--child", dest="mode", choices=(*MODES, BEFORE, *KERNELS), default=None,
                    help=argparse.SUPPRESS)
     p.add_argument("--rec-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.kernels and not args.device.startswith("cuda"):
         p.error("--kernels times the recorder's CUDA kernels: it needs --device cuda[:N]")
+    if args.timeline and (not args.device.startswith("cuda") or args.timeline <= TIMELINE_SKIP + 1):
+        p.error(f"--timeline reads the GPU's timeline: it needs --device cuda[:N] and N > {TIMELINE_SKIP + 1}")
     if args.mode is not None:
         print(json.dumps(child(args)), flush=True)
         return
@@ -257,7 +343,8 @@ def main() -> None:
             for mode in order:
                 cmd = [sys.executable, __file__, "--child", mode, "--rec-dir", rec_dir, "--device", args.device,
                        "--size", args.size, "--blocks", str(args.blocks), "--block-steps", str(args.block_steps),
-                       "--warmup", str(args.warmup), *(["--compile"] if args.compile else [])]
+                       "--warmup", str(args.warmup), "--timeline", str(args.timeline),
+                       *(["--compile"] if args.compile else [])]
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 if done.returncode != 0:
                     sys.exit(f"{mode} process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
@@ -268,7 +355,7 @@ def main() -> None:
                 if result["steps_recorded"] not in (None, result["steps"]):
                     sys.exit(f"{mode}: {result['steps_recorded']} of {result['steps']} steps recorded")
             # After every round, so that a run cut short still leaves its figures.
-            written = write(args, runs, final=r == args.procs - 1)
+            written = write(args, runs, final=r == args.procs - 1, traces=Path(rec_dir))
     print(json.dumps({k: written[k] for k in ("device", "model", "step_ms", "overhead_pct", "processes_per_mode",
                                               "blocks", "noise_pct", "overhead_range_pct")}, indent=1))
     noise = written["noise_pct"]
@@ -278,9 +365,31 @@ def main() -> None:
                 f"none's processes spread {noise:.2f} %" + (": within noise" if abs(pct) <= noise else ""))
         print(f"{mode}: {pct:+.2f} %, per round {lo:+.2f} to {hi:+.2f} %, the loop's thread inside rec.step "
               f"{written['rec_step_host_ms'][mode]:.3f} ms a step; {said}")
+    if args.timeline:
+        print_timeline(written["timeline"])
 
 
-def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final: bool) -> dict[str, Any]:
+def print_timeline(timeline: dict[str, list[dict[str, Any]]]) -> None:
+    """Each mode's GPU timeline, the median over its processes; then the model's kernels that moved against none."""
+    groups = ("recorder kernels", "copies and memsets")
+    med = lambda runs, f: statistics.median(f(t) for t in runs)  # noqa: E731
+    print(f"GPU timeline per step (ms), median over processes of each one's median over {timeline['none'][0]['steps']}"
+          " steps:\nmode              on GPU     busy     idle  gaps>20us  recorder  copies   model kernels")
+    for mode, runs in timeline.items():
+        print(f"{mode:16s} {med(runs, lambda t: t['gpu_step_ms']):8.3f} {med(runs, lambda t: t['busy_ms']):8.3f} "
+              f"{med(runs, lambda t: t['idle_ms']):8.3f} {med(runs, lambda t: t['gaps_over_20us_per_step']):9.1f} "
+              + " ".join(f"{med(runs, lambda t, g=g: t['spent_ms'].get(g, 0.0)):8.3f}" for g in groups)
+              + f" {med(runs, lambda t: sum(v for k, v in t['spent_ms'].items() if k not in groups)):12.3f}")
+    names = {k for runs in timeline.values() for t in runs for k in t["spent_ms"] if k not in groups}
+    base = {k: med(timeline["none"], lambda t, k=k: t["spent_ms"].get(k, 0.0)) for k in names}
+    for mode, runs in timeline.items():
+        moved = sorted(((med(runs, lambda t, k=k: t["spent_ms"].get(k, 0.0)) - base[k], k) for k in names),
+                       key=lambda d: -abs(d[0]))
+        print(f"{mode}: the model's kernels furthest from none's (ms a step): "
+              + "; ".join(f"{d:+.4f} {k[:70]}" for d, k in moved[:4]))
+
+
+def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final: bool, traces: Path) -> dict[str, Any]:
     modes = list(runs)
     recorded = [m for m in modes if m != "none"]
     step_ms = {m: statistics.median(b for run in runs[m] for b in run["block_ms"]) for m in modes}
@@ -314,6 +423,7 @@ def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final
         "rec_step_host_ms": {m: statistics.median(run["rec_step_host_ms"] for run in runs[m]) for m in recorded},
         "per_process_rec_step_host_ms": {m: [run["rec_step_host_ms"] for run in runs[m]] for m in recorded},
         "block_ms": {m: [run["block_ms"] for run in runs[m]] for m in modes},
+        "timeline": {m: [run["timeline"] for run in runs[m]] for m in modes} if args.timeline else None,
         "torch": runs["none"][0]["torch"],
         "date": datetime.date.today().isoformat(),
     }
@@ -321,6 +431,9 @@ def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final
     out = args.out or Path("results") / f"{result['date']}-{device_tag(device)}-sdk-overhead"
     out.mkdir(parents=True, exist_ok=True)
     (out / "sdk_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
+    for trace in traces.glob("trace-*.json.gz"):  # --timeline's, for Perfetto
+        (out / "traces").mkdir(exist_ok=True)
+        shutil.move(trace, out / "traces" / trace.name.removeprefix("trace-"))
     print(f"wrote {out / 'sdk_overhead.json'} ({len(runs['none'])} of {args.procs} rounds)", flush=True)
     return result
 
