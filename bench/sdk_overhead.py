@@ -232,12 +232,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             steps(args.timeline, mark=True)
             sync()
-        trace = Path(args.rec_dir) / f"trace-{args.mode}-{os.getpid()}.json"
-        prof.export_chrome_trace(str(trace))
-        with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
-            packed.write(raw.read())
-        timeline = read_timeline(json.loads(trace.read_text()))
-        trace.unlink()
+        trace = Path(args.rec_dir) / f"trace-{args.mode}-{os.getpid()}.json.gz"
+        prof.export_chrome_trace(str(trace))  # gzipped, by its name
+        with gzip.open(trace, "rt") as f:
+            timeline = read_timeline(json.load(f))
     recorded = None  # steps in the recording, for the modes that record
     if rec is not None and not isinstance(rec, GpuWork):
         rec.close()  # outside the timed blocks; every step's record must be there
