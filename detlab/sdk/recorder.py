@@ -461,8 +461,12 @@ class Recorder:
         """Queue the digests and (with drift) the stats and sketches of `tensors` (with `key`: their ListKey, and
         no DTensor among them): on one CUDA device from one read of each element (detlab.tensors.onepass); on the
         CPU from a snapshot, on the writer thread; else in two passes at the call."""
-        if key is None:
+        if key is None:  # a list with no ListKey may hold what no fingerprint reads: refused here, on any device
+            from detlab.tensors.fingerprint.torch_impl import check_supported
+
             tensors = named_tensors.local(tensors)
+            for t in tensors:
+                check_supported(t)
         if self._onepass is not None and (both := self._onepass.submit(tensors, key)) is not None:
             return both
         if (snapshot := cpu_snapshot(tensors)) is not None:

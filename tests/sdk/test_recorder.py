@@ -211,14 +211,22 @@ def test_an_unchanged_tensor_list_is_checked_once_and_a_reshaped_tensor_at_once(
     rec.close()
 
 
-def test_a_sparse_buffer_is_refused_at_the_call_with_what_to_do(tmp_path: Path) -> None:
-    """It raised torch's own "nbytes is not defined for sparse tensors" (the snapshot's size was summed before its
-    tensors were checked), then "Cannot access data pointer" (a ListKey made of it)."""
-    model = make_model()
-    model.register_buffer("adjacency", torch.eye(3).to_sparse())
-    with detlab.Recorder(out=tmp_path / "a", buffers=True) as rec:
+@pytest.mark.parametrize("where", ["buffer", "gradient"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_a_sparse_tensor_is_refused_at_the_call_with_what_to_do(tmp_path: Path, device: str, where: str) -> None:
+    """On the CPU it raised torch's own "nbytes is not defined for sparse tensors" (the snapshot's size was summed
+    before its tensors were checked), then "Cannot access data pointer" (a ListKey made of it); on CUDA, a sparse
+    buffer or an embedding's sparse gradient still raised the latter."""
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4, sparse=True), torch.nn.Linear(4, 1)).to(device)
+    model.register_buffer("adjacency", torch.eye(3, device=device).to_sparse())
+    with detlab.Recorder(out=tmp_path / "a", buffers=where == "buffer", grads=where == "gradient") as rec:
         with pytest.raises(TypeError, match=r"sparse_coo tensor .* call .to_dense\(\) first"):
-            rec.step(0, model)
+            if where == "buffer":
+                rec.step(0, model)
+            else:
+                model(torch.arange(3, device=device)).sum().backward()
+                rec.grads(0, model)
 
 
 def test_a_replaced_parameter_is_fingerprinted_not_its_predecessor(tmp_path: Path) -> None:
