@@ -37,6 +37,7 @@ kept (`--out DIR/traces/`, gzipped, for Perfetto); the profiled steps are not in
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import datetime
 import gzip
@@ -264,9 +265,9 @@ def read_timeline(trace: dict[str, Any], skip: int = TIMELINE_SKIP) -> dict[str,
     gaps: list[tuple[float, str, str]] = []  # (µs, what ran before, what ran after)
     for (lo, end), (hi, _) in steps:
         busy, last, spent = end - lo, MARKER, collections.Counter[str]()
-        for start, stop, name, cat in device:
-            if not lo < start < hi:
-                continue
+        for start, stop, name, cat in device[bisect.bisect_right(device, (lo, math.inf)):]:  # after the marker
+            if start >= hi:
+                break
             if start > end and start - end > 20:
                 gaps.append((start - end, last, name))
             busy += max(0.0, stop - max(start, end))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.conftest import ROOT
 
@@ -124,13 +125,10 @@ def test_the_host_profile_runs_tiny_on_the_cpu() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_timeline_reads_the_profilers_own_trace_on_cuda(tmp_path: Path) -> None:
     """On a GPU (skipped elsewhere): the markers, the recorder's Triton kernels (inside its CUDA graphs) and the
     host's calls are found in a real torch.profiler trace, and every process's trace is kept."""
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     out = subprocess.run([sys.executable, "bench/sdk_overhead.py", "--size", "tiny", "--procs", "1", "--blocks", "1",
                           "--block-steps", "2", "--warmup", "2", "--timeline", "8", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
