@@ -75,5 +75,5 @@ def build(*, session: Session, job: Job) -> dict[str, Any] | None:
 
 
 def verdict(result: dict[str, Any]) -> str | None:
-    """found | already | none; None while the search runs."""
+    """found | already | none | incomplete; None while the search runs."""
     return result.get("verdict")

@@ -56,7 +56,7 @@ def fix(
     until the repeats are bit-identical, then each knob dropped in turn to keep only those that are needed.
 
     Exit 0 when a reproducible config was found (or the base already is; without --wait: submitted), 1 when none
-    was, 2 on an error, 3 when --wait timed out."""
+    was or a trial's run failed (incomplete), 2 on an error, 3 when --wait timed out."""
     with server_client(server) as http:
         body: dict[str, Any] = {"kind": "fix", "repeats": repeats, "max_trials": max_trials}
         if job is not None:

@@ -16,6 +16,10 @@ the first counting as itself (ARCHITECTURE: "the share of repeats identical to i
 reproducible when k == n ≥ 2 and none of its runs failed: a repeat that is incomplete or incomparable is not identical,
 so it keeps the trial from reproducible rather than being left out of n.
 
+A trial whose run failed shows nothing about reproducibility (the workload raised, a rank died): the search stops
+there and draws nothing from it. Before a reproducible candidate the verdict is `incomplete`, with the failed trial;
+in minimality the reproducible set found stands, and the knobs not yet checked are kept, each marked with the failure.
+
 Pure: no database, no torch."""
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ class Minimal:
     necessary: dict[str, dict[str, Any] | None]
     dropped: dict[str, int]
     next: Trial | None
+    failed: int | None = None  # the trial whose failed run stopped minimality
 
 
 def _evidence(index: int, knobs: tuple[str, ...], outcome: Outcome) -> dict[str, Any]:
@@ -127,6 +132,9 @@ def minimize(found: tuple[str, ...], find: Lookup) -> Minimal:
                 left_out = [k for k in found if k not in need and k not in rest[:i]]
                 return Minimal(list(ordered({*need, *rest})), {**necessary, **{k: None for k in rest}}, dropped,
                                Trial(ordered({*need, *rest[:i]}), "drop", ", ".join(left_out)))
+            if known[1].failed is not None:  # nothing to learn from it: what is left stays, unchecked
+                return Minimal(list(ordered({*need, *rest})), {**necessary, **{k: None for k in rest}}, dropped,
+                               None, known[0])
             if known[1].reproducible or i == len(rest):  # need ∪ rest is reproducible: it is the found set or a
                 at, index = i, known[0]                  # trial of an earlier pass that was
                 break
@@ -144,7 +152,7 @@ def minimize(found: tuple[str, ...], find: Lookup) -> Minimal:
     kept = ordered(set(need))
     for knob in need:  # the most direct evidence where it ran: the kept set without just this knob
         direct = find(tuple(k for k in kept if k != knob))
-        if direct is not None and not direct[1].reproducible:
+        if direct is not None and direct[1].failed is None and not direct[1].reproducible:
             necessary[knob] = _evidence(direct[0], tuple(k for k in kept if k != knob), direct[1])
     return Minimal(list(kept), {k: necessary[k] for k in kept}, dropped, None)
 
@@ -153,7 +161,7 @@ def next_trials(trials: list[Trial], outcomes: list[Outcome | None], order: list
     """The next round: the trials to run now, or none when the search is over (or a trial is still running)."""
     if not trials:
         return [Trial((), "base")]
-    if any(o is None for o in outcomes) or len(trials) >= max_trials:
+    if any(o is None or o.failed is not None for o in outcomes) or len(trials) >= max_trials:
         return []
     base = outcomes[0]
     if base is not None and base.reproducible:
@@ -186,12 +194,12 @@ def _prescribed(index: int, trial: Trial, outcome: Outcome, body: dict[str, Any]
 def result(*, trials: list[Trial], outcomes: list[Outcome | None], bodies: list[dict[str, Any]], order: list[str],
            skipped: list[dict[str, str]], max_trials: int, stack: str | None) -> dict[str, Any]:
     """The fix job's result as it stands: verdict (None while the search runs), the prescription, each kept knob's
-    evidence, every trial, and what was not tried with why."""
+    evidence, every trial, what was not tried with why, and the trial whose failed run stopped the search."""
     rows = [_row(i, t, o, str(b.get("name"))) for i, (t, o, b) in enumerate(zip(trials, outcomes, bodies,
                                                                                     strict=True))]
     out: dict[str, Any] = {"verdict": None, "stack": stack, "max_trials": max_trials, "order": order,
                            "prescription": None, "closest": None, "necessary": {}, "unnecessary": {},
-                           "trials": rows, "not_tried": list(skipped)}
+                           "trials": rows, "not_tried": list(skipped), "failed": None}
     done = bool(trials) and all(o is not None for o in outcomes) and not next_trials(trials, outcomes, order,
                                                                                        max_trials)
     used = {k for t in trials for k in t.knobs}
@@ -200,6 +208,14 @@ def result(*, trials: list[Trial], outcomes: list[Outcome | None], bodies: list[
     base = outcomes[0]
     assert base is not None
     found = _found(trials, outcomes)
+    stopped = next((i for i, o in enumerate(outcomes) if o is not None and o.failed is not None), None)
+    if stopped is not None:
+        out["failed"] = rows[stopped]
+    if found is None and stopped is not None:
+        out["verdict"] = "incomplete"
+        out["not_tried"] += [{"knob": k, "reason": f"the search stopped: trial {stopped} failed"}
+                             for k in order if k not in used]
+        return out
     if base.reproducible:
         out["verdict"] = "already"
         out["prescription"] = _prescribed(0, trials[0], base, bodies[0])
@@ -219,7 +235,8 @@ def result(*, trials: list[Trial], outcomes: list[Outcome | None], bodies: list[
     assert outcome is not None
     out["verdict"] = "found"
     out["prescription"] = _prescribed(index, trials[index], outcome, bodies[index])
-    out["necessary"] = {k: v if v is not None else {"trial": None, "unchecked": "budget: max_trials reached"}
+    unchecked_why = "budget: max_trials reached" if state.failed is None else f"trial {state.failed} failed"
+    out["necessary"] = {k: v if v is not None else {"trial": None, "unchecked": unchecked_why}
                         for k, v in state.necessary.items()}
     out["unnecessary"] = {k: {"trial": i, "knobs": list(trials[i].knobs)} for k, i in state.dropped.items()}
     out["not_tried"] += [{"knob": k, "reason": "not needed: a cheaper candidate was reproducible"}

@@ -506,10 +506,12 @@ def _k_of_n(k_n: list[int]) -> str:
 
 
 class FixResult(JobResult):
-    """GET /jobs/{id}/fix: the verdict of a fix search (found | already | none; null while it runs), the prescription,
-    each kept knob's evidence (the trial without it, which was not reproducible), every trial, what was not tried."""
+    """GET /jobs/{id}/fix: the verdict of a fix search (found | already | none | incomplete: a trial's run failed
+    before any candidate was reproducible; null while it runs), the prescription, each kept knob's evidence (the
+    trial without it, which was not reproducible), every trial, what was not tried, the trial whose failed run
+    stopped the search."""
 
-    verdict: Literal["found", "already", "none"] | None
+    verdict: Literal["found", "already", "none", "incomplete"] | None
     stack: str | None = None
     max_trials: int
     order: list[str]  # the knobs tried on this stack, in the order they are added
@@ -519,10 +521,14 @@ class FixResult(JobResult):
     unnecessary: dict[str, dict[str, Any]] = Field(default_factory=dict)
     trials: list[FixTrial]
     not_tried: list[NotTried] = Field(default_factory=list)
+    failed: FixTrial | None = None
 
     def summary(self, *, job_id: int, status: str, verdict: str | None, url: str) -> list[str]:
         lines = [f"job {job_id} {status}: fix verdict {self.verdict or 'pending'} "
                  f"on {self.stack or 'an unknown stack'}"]
+        if self.failed is not None:
+            lines.append(f"  stopped: trial {self.failed.index} ({', '.join(self.failed.knobs) or 'the base'}) "
+                         f"failed: {self.failed.failed}")
         if self.prescription is not None:
             p = self.prescription
             cost = "not measured" if p.cost is None else \
@@ -545,6 +551,8 @@ class FixResult(JobResult):
         return lines
 
     def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:
+        if check and self.verdict == "incomplete" and self.failed is not None:
+            return [f"the search stopped: trial {self.failed.index} failed"]
         return ["no reproducible config found"] if check and self.verdict == "none" else []
 
 

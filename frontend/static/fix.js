@@ -108,8 +108,10 @@
     const headline = res.verdict === "found" ? `Reproducible with ${p.knobs.join(", ")} — ${costText(p.cost)} than the base${p.within_noise ? " (within noise)" : ""}`
       : res.verdict === "already" ? "The base config is already reproducible"
         : res.verdict === "none" ? `No reproducible config found; closest: ${(res.closest && res.closest.knobs.join(", ")) || "the base"}`
-          : "Searching…";
-    if (res.verdict) showVerdict(res.verdict === "none" ? "not-reproducible" : "reproducible", headline,
+          : res.verdict === "incomplete" ? `The search stopped: trial ${res.failed.index} (${res.failed.knobs.join(", ") || "the base"}) failed: ${res.failed.failed}`
+            : "Searching…";
+    const banner = { none: "not-reproducible", incomplete: "incomplete" }[res.verdict] || "reproducible";
+    if (res.verdict) showVerdict(banner, headline,
       [["Stack", res.stack || "not known yet"], ["Trials", `${res.trials.length} of at most ${res.max_trials}`]]);
     $("fix").hidden = false;
     $("fix-verdict").textContent = res.verdict || "running";

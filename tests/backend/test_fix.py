@@ -103,3 +103,33 @@ def test_a_trials_cost_is_against_the_base_runs_of_its_own_round(client: TestCli
     result = client.get(f"/api/v1/jobs/{job['id']}/fix").json()
     assert result["verdict"] == "found"
     assert result["trials"][1]["cost"] == pytest.approx(0.0)  # against round 0's base it would read 50 % slower
+
+
+def test_a_trial_whose_run_failed_ends_the_search_incomplete_without_judging_a_knob(client: TestClient,
+                                                                                    session: Session) -> None:
+    """deterministic-algorithms' run raises: no further candidate is sent on the strength of it, the job fails with
+    verdict incomplete and the failure, and the team's prescriptions do not list it as an answer."""
+    resp = client.post("/api/v1/jobs", json={"kind": "fix", "workload": "scatter", "steps": 3, "max_trials": 6,
+                                             "configs": [{"preset": "default", "name": "two", "threads": 2}]})
+    assert resp.status_code == 201, resp.text
+    job = resp.json()
+    base = [r["id"] for r in job["runs"]]
+    feed(client, base[0], "cd")
+    feed(client, base[1], "ef")
+    added = session.scalars(select(Run).where(Run.job_id == job["id"], Run.id.not_in(base)).order_by(Run.id)).all()
+    for run in added:
+        if run.config_index == 0:
+            feed(client, run.id, "cd")
+            continue
+        attempt = client.post(f"/api/v1/ingest/runs/{run.id}/claim", json={"worker": "w"},
+                              headers=AUTH).json()["attempt"]
+        resp = client.post(f"/api/v1/ingest/runs/{run.id}/finish", headers=AUTH,
+                           json={"attempt": attempt, "status": "failed", "error": "rank 0: RuntimeError: no"})
+        assert resp.status_code == 200, resp.text
+    job = job_of(client, job["id"])
+    assert job["status"] == "failed" and job["verdict"] == "incomplete" and len(job["runs"]) == 6
+    result = client.get(f"/api/v1/jobs/{job['id']}/fix").json()
+    assert result["verdict"] == "incomplete" and result["prescription"] is None and result["necessary"] == {}
+    assert result["failed"]["index"] == 1 and "RuntimeError: no" in result["failed"]["failed"]
+    assert {"knob": "threads-1", "reason": "the search stopped: trial 1 failed", "knobs": None} in result["not_tried"]
+    assert client.get("/api/v1/findings/matrix").json()["prescriptions"] == []

@@ -13,8 +13,9 @@ from detlab.core.results import FixResult
 Oracle = Callable[[frozenset[str]], bool]
 
 
-def search(order: list[str], oracle: Oracle, max_trials: int = 20) -> tuple[list[list[Trial]], dict[str, Any]]:
-    """Run the search to its end; returns its rounds and its result."""
+def search(order: list[str], oracle: Oracle, max_trials: int = 20,
+           fails: Oracle = lambda s: False) -> tuple[list[list[Trial]], dict[str, Any]]:
+    """Run the search to its end (a set `fails` says yes to has a run that fails); returns its rounds and result."""
     trials: list[Trial] = []
     outcomes: list[Outcome | None] = []
     rounds = []
@@ -22,6 +23,9 @@ def search(order: list[str], oracle: Oracle, max_trials: int = 20) -> tuple[list
         rounds.append(batch)
         for trial in batch:
             trials.append(trial)
+            if fails(frozenset(trial.knobs)):
+                outcomes.append(Outcome(0, 2, failed="run 9 failed: rank 1 exited 1"))
+                continue
             ok = oracle(frozenset(trial.knobs))
             outcomes.append(Outcome(identical=2 if ok else 1, repeats=2, first_divergent_step=None if ok else 3,
                                     cost=0.1 * len(trial.knobs), cost_interval=[0.0, 0.2], within_noise=True))
@@ -161,3 +165,36 @@ def test_the_budget_cuts_minimality_short_and_says_what_it_did_not_run() -> None
     assert {"knob": None, "knobs": ["c"], "reason": "budget: max_trials reached (the next trial of minimality)"} \
         in out["not_tried"]
     assert {"knob": "b", "reason": "budget: max_trials reached before it was checked: kept"} in out["not_tried"]
+
+
+def test_a_failed_base_stops_the_search_incomplete() -> None:
+    """A run that failed shows nothing about reproducibility: no candidate is run on the strength of it."""
+    rounds, out = search(["a", "b"], lambda s: "b" in s, fails=lambda s: not s)
+    assert [[t.knobs for t in r] for r in rounds] == [[()]]
+    assert out["verdict"] == "incomplete" and out["prescription"] is None and out["closest"] is None
+    assert out["failed"]["index"] == 0 and out["failed"]["failed"] == "run 9 failed: rank 1 exited 1"
+    assert [n for n in out["not_tried"] if n["knob"] in ("a", "b")] == [
+        {"knob": "a", "reason": "the search stopped: trial 0 failed"},
+        {"knob": "b", "reason": "the search stopped: trial 0 failed"}]
+
+
+def test_a_failed_candidate_stops_the_search_before_any_knob_is_judged() -> None:
+    rounds, out = search(["a", "b"], lambda s: "b" in s, fails=lambda s: s == {"a"})
+    assert [t.knobs for r in rounds for t in r] == [(), ("a",)]
+    assert out["verdict"] == "incomplete" and out["necessary"] == {} and out["failed"]["knobs"] == ["a"]
+    lines = FixResult.model_validate(out).summary(job_id=7, status="failed", verdict="incomplete", url="u")
+    assert lines[:2] == ["job 7 failed: fix verdict incomplete on cpu",
+                         "  stopped: trial 1 (a) failed: run 9 failed: rank 1 exited 1"]
+    assert FixResult.model_validate(out).gate(check=True, max_cost=None, verdict="incomplete") == [
+        "the search stopped: trial 1 failed"]
+
+
+def test_a_failed_drop_trial_keeps_the_found_set_and_no_knob_is_called_needed_on_it() -> None:
+    """base, a, a+b (reproducible), then b alone fails: b is needed (trial 1, a alone, diverged), a is kept unchecked
+    — a failed run is no evidence that a set without a is not reproducible."""
+    rounds, out = search(["a", "b"], lambda s: "b" in s, fails=lambda s: s == {"b"})
+    assert [t.knobs for r in rounds for t in r] == [(), ("a",), ("a", "b"), ("b",)]
+    assert out["verdict"] == "found" and out["prescription"]["knobs"] == ["a", "b"]
+    assert out["necessary"]["b"]["trial"] == 1
+    assert out["necessary"]["a"] == {"trial": None, "unchecked": "trial 3 failed"}
+    assert out["failed"]["index"] == 3
