@@ -16,9 +16,10 @@ the first counting as itself (ARCHITECTURE: "the share of repeats identical to i
 reproducible when k == n ≥ 2 and none of its runs failed: a repeat that is incomplete or incomparable is not identical,
 so it keeps the trial from reproducible rather than being left out of n.
 
-A trial whose run failed shows nothing about reproducibility (the workload raised, a rank died): the search stops
-there and draws nothing from it. Before a reproducible candidate the verdict is `incomplete`, with the failed trial;
-in minimality the reproducible set found stands, and the knobs not yet checked are kept, each marked with the failure.
+A trial whose run failed or was cancelled shows nothing about reproducibility (the workload raised, a rank died):
+the search stops there and draws nothing from it. Before a reproducible candidate the verdict is `incomplete`, with
+the failed trial; in minimality the reproducible set found stands, and the knobs not yet checked are kept, each
+marked with the trial the search stopped at.
 
 Pure: no database, no torch."""
 
@@ -213,7 +214,7 @@ def result(*, trials: list[Trial], outcomes: list[Outcome | None], bodies: list[
         out["failed"] = rows[stopped]
     if found is None and stopped is not None:
         out["verdict"] = "incomplete"
-        out["not_tried"] += [{"knob": k, "reason": f"the search stopped: trial {stopped} failed"}
+        out["not_tried"] += [{"knob": k, "reason": f"the search stopped at trial {stopped}"}
                              for k in order if k not in used]
         return out
     if base.reproducible:
@@ -235,7 +236,8 @@ def result(*, trials: list[Trial], outcomes: list[Outcome | None], bodies: list[
     assert outcome is not None
     out["verdict"] = "found"
     out["prescription"] = _prescribed(index, trials[index], outcome, bodies[index])
-    unchecked_why = "budget: max_trials reached" if state.failed is None else f"trial {state.failed} failed"
+    unchecked_why = ("budget: max_trials reached" if state.failed is None else
+                     f"the search stopped at trial {state.failed}")
     out["necessary"] = {k: v if v is not None else {"trial": None, "unchecked": unchecked_why}
                         for k, v in state.necessary.items()}
     out["unnecessary"] = {k: {"trial": i, "knobs": list(trials[i].knobs)} for k, i in state.dropped.items()}

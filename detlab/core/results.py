@@ -507,9 +507,9 @@ def _k_of_n(k_n: list[int]) -> str:
 
 class FixResult(JobResult):
     """GET /jobs/{id}/fix: the verdict of a fix search (found | already | none | incomplete: a trial's run failed
-    before any candidate was reproducible; null while it runs), the prescription, each kept knob's evidence (the
-    trial without it, which was not reproducible), every trial, what was not tried, the trial whose failed run
-    stopped the search."""
+    or was cancelled before any candidate was reproducible; null while it runs), the prescription, each kept knob's
+    evidence (the trial without it, which was not reproducible), every trial, what was not tried, and the trial the
+    search stopped at."""
 
     verdict: Literal["found", "already", "none", "incomplete"] | None
     stack: str | None = None
@@ -527,8 +527,8 @@ class FixResult(JobResult):
         lines = [f"job {job_id} {status}: fix verdict {self.verdict or 'pending'} "
                  f"on {self.stack or 'an unknown stack'}"]
         if self.failed is not None:
-            lines.append(f"  stopped: trial {self.failed.index} ({', '.join(self.failed.knobs) or 'the base'}) "
-                         f"failed: {self.failed.failed}")
+            lines.append(f"  stopped at trial {self.failed.index} ({', '.join(self.failed.knobs) or 'the base'}): "
+                         f"{self.failed.failed}")
         if self.prescription is not None:
             p = self.prescription
             cost = "not measured" if p.cost is None else \
@@ -552,7 +552,7 @@ class FixResult(JobResult):
 
     def gate(self, *, check: bool, max_cost: float | None, verdict: str | None) -> list[str]:
         if check and self.verdict == "incomplete" and self.failed is not None:
-            return [f"the search stopped: trial {self.failed.index} failed"]
+            return [f"the search stopped at trial {self.failed.index}: {self.failed.failed}"]
         return ["no reproducible config found"] if check and self.verdict == "none" else []
 
 

@@ -108,7 +108,7 @@
     const headline = res.verdict === "found" ? `Reproducible with ${p.knobs.join(", ")} — ${costText(p.cost)} than the base${p.within_noise ? " (within noise)" : ""}`
       : res.verdict === "already" ? "The base config is already reproducible"
         : res.verdict === "none" ? `No reproducible config found; closest: ${(res.closest && res.closest.knobs.join(", ")) || "the base"}`
-          : res.verdict === "incomplete" ? `The search stopped: trial ${res.failed.index} (${res.failed.knobs.join(", ") || "the base"}) failed: ${res.failed.failed}`
+          : res.verdict === "incomplete" ? `The search stopped at trial ${res.failed.index} (${res.failed.knobs.join(", ") || "the base"}): ${res.failed.failed}`
             : "Searching…";
     const banner = { none: "not-reproducible", incomplete: "incomplete" }[res.verdict] || "reproducible";
     if (res.verdict) showVerdict(banner, headline,
@@ -123,7 +123,8 @@
     // A knob not tried (n.knob), or a trial not run (n.knobs: its set), as the CLI's NotTried.describe says it.
     const notTried = (n) => [n.knob, n.knobs ? `trial ${n.knobs.join(", ") || "the base"}` : null].filter(Boolean).join(" — ");
     setRows($("fix-not-tried"), (res.not_tried || []).map((n) => el("tr", {}, el("td", {}, el("code", { text: notTried(n) })),
-      el("td", { text: n.reason }))), "Every knob that applies was tried.", 2);
+      el("td", { text: n.reason }))),
+      res.stack ? "Every knob that applies was tried." : "Which knobs apply is known once the base has run on a worker.", 2);
     renderPrescription(res);
     renderChart(res);
   }

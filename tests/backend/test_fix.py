@@ -131,5 +131,18 @@ def test_a_trial_whose_run_failed_ends_the_search_incomplete_without_judging_a_k
     result = client.get(f"/api/v1/jobs/{job['id']}/fix").json()
     assert result["verdict"] == "incomplete" and result["prescription"] is None and result["necessary"] == {}
     assert result["failed"]["index"] == 1 and "RuntimeError: no" in result["failed"]["failed"]
-    assert {"knob": "threads-1", "reason": "the search stopped: trial 1 failed", "knobs": None} in result["not_tried"]
+    assert {"knob": "threads-1", "reason": "the search stopped at trial 1", "knobs": None} in result["not_tried"]
     assert client.get("/api/v1/findings/matrix").json()["prescriptions"] == []
+
+
+def test_a_cancelled_search_is_incomplete_not_left_searching(client: TestClient) -> None:
+    """Cancelled before its base ran: the job is cancelled and its search says where it stopped (it read as still
+    searching, verdict null, for good)."""
+    resp = client.post("/api/v1/jobs", json={"kind": "fix", "workload": "scatter", "steps": 3,
+                                             "configs": [{"preset": "default", "name": "two", "threads": 2}]})
+    assert resp.status_code == 201, resp.text
+    job = client.post(f"/api/v1/jobs/{resp.json()['id']}/cancel").json()
+    assert job["status"] == "cancelled" and job["verdict"] == "incomplete"
+    result = client.get(f"/api/v1/jobs/{job['id']}/fix").json()
+    assert result["verdict"] == "incomplete" and [t["knobs"] for t in result["trials"]] == [[]]
+    assert result["failed"]["failed"] == f"run {job['runs'][0]['id']} cancelled"

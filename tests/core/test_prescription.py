@@ -174,8 +174,8 @@ def test_a_failed_base_stops_the_search_incomplete() -> None:
     assert out["verdict"] == "incomplete" and out["prescription"] is None and out["closest"] is None
     assert out["failed"]["index"] == 0 and out["failed"]["failed"] == "run 9 failed: rank 1 exited 1"
     assert [n for n in out["not_tried"] if n["knob"] in ("a", "b")] == [
-        {"knob": "a", "reason": "the search stopped: trial 0 failed"},
-        {"knob": "b", "reason": "the search stopped: trial 0 failed"}]
+        {"knob": "a", "reason": "the search stopped at trial 0"},
+        {"knob": "b", "reason": "the search stopped at trial 0"}]
 
 
 def test_a_failed_candidate_stops_the_search_before_any_knob_is_judged() -> None:
@@ -184,9 +184,9 @@ def test_a_failed_candidate_stops_the_search_before_any_knob_is_judged() -> None
     assert out["verdict"] == "incomplete" and out["necessary"] == {} and out["failed"]["knobs"] == ["a"]
     lines = FixResult.model_validate(out).summary(job_id=7, status="failed", verdict="incomplete", url="u")
     assert lines[:2] == ["job 7 failed: fix verdict incomplete on cpu",
-                         "  stopped: trial 1 (a) failed: run 9 failed: rank 1 exited 1"]
+                         "  stopped at trial 1 (a): run 9 failed: rank 1 exited 1"]
     assert FixResult.model_validate(out).gate(check=True, max_cost=None, verdict="incomplete") == [
-        "the search stopped: trial 1 failed"]
+        "the search stopped at trial 1: run 9 failed: rank 1 exited 1"]
 
 
 def test_a_failed_drop_trial_keeps_the_found_set_and_no_knob_is_called_needed_on_it() -> None:
@@ -196,5 +196,5 @@ def test_a_failed_drop_trial_keeps_the_found_set_and_no_knob_is_called_needed_on
     assert [t.knobs for r in rounds for t in r] == [(), ("a",), ("a", "b"), ("b",)]
     assert out["verdict"] == "found" and out["prescription"]["knobs"] == ["a", "b"]
     assert out["necessary"]["b"]["trial"] == 1
-    assert out["necessary"]["a"] == {"trial": None, "unchecked": "trial 3 failed"}
+    assert out["necessary"]["a"] == {"trial": None, "unchecked": "the search stopped at trial 3"}
     assert out["failed"]["index"] == 3

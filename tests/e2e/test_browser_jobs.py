@@ -232,6 +232,23 @@ def test_tags_are_edited_on_the_job_page(embedded: Stack) -> None:
         browser.close()
 
 
+def test_a_cancelled_fix_search_says_where_it_stopped(embedded: Stack) -> None:
+    """A fix search cancelled before its base ran: its page says it stopped there, not that it is searching."""
+    job = embedded.submit({"kind": "fix", "workload": "scatter", "steps": 2, "repeats": 2,
+                           "configs": [{"preset": "default", "threads": 2}], **NOBODY})
+    cancel(embedded, job["id"])
+    with sync_playwright() as pw:
+        errors: list[str] = []
+        browser, page = new_page(pw, errors)
+        page.goto(f"{embedded.url}/jobs/{job['id']}")
+        expect(page.locator("#verdict-banner")).to_contain_text(
+            f"The search stopped at trial 0 (the base): run {job['runs'][0]['id']} cancelled")
+        expect(page.locator("#fix-verdict")).to_have_text("incomplete")
+        expect(page.locator("#fix-not-tried")).to_contain_text("known once the base has run")  # not "all tried"
+        assert errors == []
+        browser.close()
+
+
 def test_cli_submit_tags_the_job(embedded: Stack) -> None:
     out = subprocess.run([sys.executable, "-m", "detlab.cli", "submit", "--workload", "mlp", "--config", "default",
                           "--steps", "1", "--tag", "ci", "--tag", "nightly", "--server", embedded.url, "--json"],
