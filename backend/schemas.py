@@ -117,7 +117,7 @@ class JobSummary(BaseModel):
 
 JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 VERDICTS = ("identical", "diverged", "incomplete", "incomparable", "reproducible", "not-reproducible",
-            *DIAGNOSIS_VERDICTS, "found", "already", "none",  # a fix search's (and incomplete)
+            *DIAGNOSIS_VERDICTS, "found", "already", "none",  # a fix search's (its `incomplete` is above)
             "exact", "lost")  # a resume check's
 JOB_SORTS = ("created", "id", "status", "verdict", "workload", "kind")
 

@@ -15,7 +15,7 @@ from detlab.backend.models import Job
 from detlab.backend.reports.findings import job_facts, stack_of
 from detlab.core.results import FixResult
 
-VERDICTS = ("found", "already", "none")  # the answers: not `incomplete` (a trial's run failed)
+VERDICTS = ("found", "already", "none")  # the answers: not `incomplete` (stopped at a failed or cancelled run)
 
 
 def row(*, job: Job, stack: str, world_size: int) -> dict[str, Any]:
