@@ -101,7 +101,6 @@ class Minimal:
     necessary: dict[str, dict[str, Any] | None]
     dropped: dict[str, int]
     next: Trial | None
-    failed: int | None = None  # the trial whose failed run stopped minimality
 
 
 def _evidence(index: int, knobs: tuple[str, ...], outcome: Outcome) -> dict[str, Any]:
@@ -135,7 +134,7 @@ def minimize(found: tuple[str, ...], find: Lookup) -> Minimal:
                                Trial(ordered({*need, *rest[:i]}), "drop", ", ".join(left_out)))
             if known[1].failed is not None:  # nothing to learn from it: what is left stays, unchecked
                 return Minimal(list(ordered({*need, *rest})), {**necessary, **{k: None for k in rest}}, dropped,
-                               None, known[0])
+                               None)
             if known[1].reproducible or i == len(rest):  # need ∪ rest is reproducible: it is the found set or a
                 at, index = i, known[0]                  # trial of an earlier pass that was
                 break
@@ -236,8 +235,7 @@ def result(*, trials: list[Trial], outcomes: list[Outcome | None], bodies: list[
     assert outcome is not None
     out["verdict"] = "found"
     out["prescription"] = _prescribed(index, trials[index], outcome, bodies[index])
-    unchecked_why = ("budget: max_trials reached" if state.failed is None else
-                     f"the search stopped at trial {state.failed}")
+    unchecked_why = "budget: max_trials reached" if stopped is None else f"the search stopped at trial {stopped}"
     out["necessary"] = {k: v if v is not None else {"trial": None, "unchecked": unchecked_why}
                         for k, v in state.necessary.items()}
     out["unnecessary"] = {k: {"trial": i, "knobs": list(trials[i].knobs)} for k, i in state.dropped.items()}
