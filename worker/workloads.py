@@ -118,7 +118,10 @@ class TinyLM(Workload):
 
 class Scatter(Workload):
     info = BUILTIN["scatter"]
-    nodes, edges, width = 2048, 16384, 32
+    # Edges enough that one index_put_ takes ~5 ms at 2 threads: on a busy machine, where its two threads share
+    # a core, the scheduler then switches between them inside the call, so re-runs still add in other orders. At
+    # 16384 edges (1.3 ms) two of six audits at --threads 2 on a loaded 2-core machine saw no race at all.
+    nodes, edges, width = 2048, 65536, 32
 
     def build(self) -> torch.nn.Module:
         import torch
