@@ -19,10 +19,11 @@ from detlab.core.wire import CallsRecord, EnvRecord, StepRecord, TensorsRecord
 Record = EnvRecord | TensorsRecord | StepRecord | CallsRecord
 Job = Callable[[], Record]
 _STOP = object()
+DEPTH = 4  # jobs that may wait for the writer
 
 
 class Spool:
-    def __init__(self, path: Path, *, depth: int = 4, overwrite: bool = False, append: bool = False) -> None:
+    def __init__(self, path: Path, *, depth: int = DEPTH, overwrite: bool = False, append: bool = False) -> None:
         # O_EXCL refuses a file already there: two recordings never mix in one file. 0600: the records are the
         # user's (tensor names, losses), not everyone's on a shared node. append: a resumed recording's own file.
         flags = (os.O_WRONLY | os.O_APPEND if append

@@ -63,7 +63,10 @@ ALIGN = 16
 ROW_VALUES = sketch.K + 3  # K buckets, sum, sum of squares, max |x|
 ROWS_PER_PROGRAM = 256
 NUM_WARPS = 4
-SLOTS = 3  # steps of one list that may be queued and not yet read
+# Steps of one list that may be queued and not yet read, each with its own buffers and CUDA graph: as many as the
+# recorder can hold, its writer's queue (detlab.sdk.spool.DEPTH waiting, one being written) and the step being
+# queued. A step beyond them gets buffers of its own and launches without a graph.
+SLOTS = 6
 KEPT_PLANS = 8
 _FINAL_BLOCK = 128
 _SUM_BLOCK = 32  # programs' values added at once per tensor

@@ -165,3 +165,25 @@ def test_a_list_the_kernel_cannot_read_in_place_is_left_to_the_two_passes() -> N
     assert OnePassQueue().submit([floats]) is not None
     assert OnePassQueue().submit([floats, torch.arange(5, device=dev)]) is None  # an integer tensor
     assert OnePassQueue().submit([floats, torch.randn(4, 6, device=dev).t()]) is None  # not contiguous
+
+
+@needs_triton
+def test_the_queue_keeps_a_slot_for_every_step_the_recorders_writer_may_hold() -> None:
+    """A loop that runs ahead of the recorder's writer (a small model, or a step captured as a CUDA graph, can be
+    many steps ahead of the GPU) has up to the spool's DEPTH records waiting, one being written and one being
+    queued. Each of them reuses a kept slot, its buffers and its graph, from one round to the next; with 3 kept,
+    every step beyond them made new buffers and launched without a graph."""
+    from detlab.sdk.spool import DEPTH
+    from detlab.tensors import onepass_triton as op
+    from detlab.tensors.named import ListKey
+
+    tensors = [torch.randn(100), torch.randn(5000)]
+    queue, key = op.OnePass(), ListKey(tensors)
+    rounds = []
+    for _ in range(3):
+        taken = [queue._slot(key, tensors) for _ in range(DEPTH + 2)]
+        for _, slot in taken:
+            queue._release(slot)
+        rounds.append({id(slot) for _, slot in taken})
+    assert len(rounds[0]) == DEPTH + 2
+    assert rounds[0] == rounds[1] == rounds[2]
