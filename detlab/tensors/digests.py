@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 # Distinct tensor lists whose launch plans are kept (parameters keep their storage from step to step;
 # gradients set to None are usually reallocated at the same addresses).
 KEPT_LISTS = 8
+# Launches of one list that may be queued and not yet read, each with its own buffers and CUDA graph (in this queue
+# and in the one-pass queue): as many as the recorder can hold, its writer's queue (detlab.sdk.spool.DEPTH waiting,
+# one being written) and the step being queued. A launch beyond them gets buffers of its own, launches without a
+# graph and is not kept: a reader that falls behind, or never reads, costs time, never memory without bound.
+SLOTS = 6
 
 
 @dataclass(eq=False)
@@ -110,7 +115,9 @@ class Digester:
 
     def _keep(self, key: ListKey, slot: _Slot) -> None:
         with self._lock:
-            self._plans.setdefault(key, []).append(slot)
+            slots = self._plans.setdefault(key, [])
+            if len(slots) < SLOTS:
+                slots.append(slot)
             self._plans.move_to_end(key)
             while len(self._plans) > self._kept:
                 self._plans.popitem(last=False)

@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from detlab.core import sketch
-from detlab.tensors.digests import recorded_event
+from detlab.tensors.digests import SLOTS, recorded_event
 from detlab.tensors.fingerprint.reference import DEFAULT_KEY, DigestKey
 from detlab.tensors.fingerprint.triton_impl import _finalize_kernel, _mix, _mix_lanes, capture
 from detlab.tensors.named import ListKey
@@ -63,10 +63,6 @@ ALIGN = 16
 ROW_VALUES = sketch.K + 3  # K buckets, sum, sum of squares, max |x|
 ROWS_PER_PROGRAM = 256
 NUM_WARPS = 4
-# Steps of one list that may be queued and not yet read, each with its own buffers and CUDA graph: as many as the
-# recorder can hold, its writer's queue (detlab.sdk.spool.DEPTH waiting, one being written) and the step being
-# queued. A step beyond them gets buffers of its own and launches without a graph.
-SLOTS = 6
 KEPT_PLANS = 8
 _FINAL_BLOCK = 128
 _SUM_BLOCK = 32  # programs' values added at once per tensor

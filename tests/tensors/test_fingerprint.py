@@ -834,6 +834,24 @@ def test_the_triton_kernel_under_the_interpreter_equals_the_reference() -> None:
     interpreted("fingerprint")
 
 
+def test_the_digest_queue_keeps_at_most_slots_launches_of_a_list_however_far_its_reader_falls_behind() -> None:
+    """detlab.tensors.digests.Digester kept every slot it made for a list: each launch's buffers (device and pinned)
+    and graph stay reserved until its result is read, so a reader that fell behind, or never read, grew what the
+    queue kept at every step. Driven as its CUDA launch drives it (no kept slot free: a new one, offered to keep)."""
+    from detlab.tensors.digests import SLOTS, Digester, _Slot
+    from detlab.tensors.named import ListKey
+
+    tensors = [torch.randn(10), torch.randn(3)]
+    queue, key = Digester(), ListKey(tensors)
+    for _ in range(SLOTS + 5):  # none is read
+        assert queue._slot(key) is None
+        queue._keep(key, _Slot(plan=None))
+    assert len(queue._plans[key]) == SLOTS
+    (first, *_) = queue._plans[key]
+    queue._release(first)
+    assert queue._slot(key) is first  # a kept slot, once read, is the next launch's
+
+
 @needs_cuda
 def test_the_recorders_digest_queue_replays_a_cuda_graph_from_a_lists_second_step() -> None:
     """detlab.tensors.digests (Recorder(drift=False)) launched the kernels from Python at every step: its kept
