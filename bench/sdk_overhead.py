@@ -16,14 +16,16 @@ It writes `--out DIR/sdk_overhead.json` (default results/<date>-<device>-sdk-ove
 "blocks"} plus every block's time per process, and prints it. It also states the noise: `none`'s processes
 differ among themselves ("noise_pct": their spread, (max - min) / median), and each mode's overhead per round
 (against that round's `none`) ranges over "overhead_range_pct"; an overhead no larger than the noise is printed
-as within noise, not as a figure to compare with a target. Each recorded mode also gives the time the loop's own
-thread spends inside `rec.step` ("rec_step_host_ms"): an overhead near the device's kernels plus this time says
-the loop pays the host's work; one near the kernels alone, that the device's queue hides it. The time includes
-any wait for the writer (a loop four records ahead of it waits in `rec.step`), so it bounds the host's work from
-above. `--kernels` adds two modes that split the cost: `gpu_onepass` replays the default recorder's captured
-GPU work (digests, stats and sketch of the same tensors) after every step and `gpu_fingerprint` the
-fingerprint's alone (what drift=False queues), with nothing read back, written or handed to a thread: what
-the GPU's work costs the loop by itself.
+as within noise, not as a figure to compare with a target. "overhead_ci95_pct" is each mode's overhead in 95 %
+of a bootstrap that draws the processes of the mode and of `none` again (the process is what varies between
+runs): an interval that holds a target does not tell the overhead from it. Each recorded mode also gives the
+time the loop's own thread spends inside `rec.step` ("rec_step_host_ms"): an overhead near the device's
+kernels plus this time says the loop pays the host's work; one near the kernels alone, that the device's queue
+hides it. The time includes any wait for the writer (a loop four records ahead of it waits in `rec.step`), so
+it bounds the host's work from above. `--kernels` adds two modes that split the cost: `gpu_onepass` replays
+the default recorder's captured GPU work (digests, stats and sketch of the same tensors) after every step and
+`gpu_fingerprint` the fingerprint's alone (what drift=False queues), with nothing read back, written or handed
+to a thread: what the GPU's work costs the loop by itself.
 
 `--timeline N` asks the GPU's own timeline where a cost goes: after the timed blocks, each process runs N more
 steps under torch.profiler (CUDA activity only, no CPU-op tracing), one 1-cycle `spin_kernel` queued at each
@@ -44,6 +46,7 @@ import gzip
 import json
 import math
 import os
+import random
 import re
 import shutil
 import statistics
@@ -300,6 +303,18 @@ def read_timeline(trace: dict[str, Any], skip: int = TIMELINE_SKIP) -> dict[str,
 
 
 # ---- the parent: interleaved processes -------------------------------------------------------------------
+def bootstrap_pct(blocks: list[list[float]], base: list[list[float]], draws: int = 2000) -> list[float] | None:
+    """The 2.5th and 97.5th percentiles of the overhead (median of all blocks against `base`'s) when the processes
+    of each side are drawn again with replacement (seeded: the same figures from the same blocks); None with one
+    process a side."""
+    if len(blocks) < 2 or len(base) < 2:
+        return None
+    rng = random.Random(0)
+    med = lambda runs: statistics.median(b for run in rng.choices(runs, k=len(runs)) for b in run)  # noqa: E731
+    drawn = sorted((med(blocks) / med(base) - 1) * 100 for _ in range(draws))
+    return [drawn[round(0.025 * (draws - 1))], drawn[round(0.975 * (draws - 1))]]
+
+
 def device_tag(name: str) -> str:
     found = re.search(r"\b([A-Z]\d{2,4}[A-Za-z]*)\b", name)
     return (found.group(1) if found else name.split()[0]).lower()
@@ -356,14 +371,17 @@ def main() -> None:
             # After every round, so that a run cut short still leaves its figures.
             written = write(args, runs, final=r == args.procs - 1, traces=Path(rec_dir))
     print(json.dumps({k: written[k] for k in ("device", "model", "step_ms", "overhead_pct", "processes_per_mode",
-                                              "blocks", "noise_pct", "overhead_range_pct")}, indent=1))
+                                              "blocks", "noise_pct", "overhead_range_pct", "overhead_ci95_pct")},
+                     indent=1))
     noise = written["noise_pct"]
     for mode, pct in written["overhead_pct"].items():
         lo, hi = written["overhead_range_pct"][mode]
+        ci = written["overhead_ci95_pct"][mode]
         said = ("noise not measured (one process per mode)" if noise is None else
                 f"none's processes spread {noise:.2f} %" + (": within noise" if abs(pct) <= noise else ""))
-        print(f"{mode}: {pct:+.2f} %, per round {lo:+.2f} to {hi:+.2f} %, the loop's thread inside rec.step "
-              f"{written['rec_step_host_ms'][mode]:.3f} ms a step; {said}")
+        print(f"{mode}: {pct:+.2f} %, per round {lo:+.2f} to {hi:+.2f} %"
+              + (f", 95 % bootstrap over processes {ci[0]:+.2f} to {ci[1]:+.2f} %" if ci is not None else "")
+              + f", the loop's thread inside rec.step {written['rec_step_host_ms'][mode]:.3f} ms a step; {said}")
     if args.timeline:
         print_timeline(written["timeline"])
 
@@ -415,6 +433,8 @@ def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final
         "noise_pct": ((max(per_proc["none"]) - min(per_proc["none"])) / statistics.median(per_proc["none"]) * 100
                       if len(per_proc["none"]) > 1 else None),  # one process: not measured
         "overhead_range_pct": {m: [min(v), max(v)] for m, v in per_round.items()},
+        "overhead_ci95_pct": {m: bootstrap_pct([run["block_ms"] for run in runs[m]],
+                                               [run["block_ms"] for run in runs["none"]]) for m in recorded},
         # The loop's own thread inside rec.step (queueing the device's work, handing the record to the writer, and
         # waiting for the writer if four records already wait): the median over processes of each one's median
         # step. Beside the overhead it tells whether the loop pays the host's work (overhead about kernels plus

@@ -22,6 +22,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def test_the_sdk_overhead_bench_runs_tiny_on_the_cpu(tmp_path: Path) -> None:
+    from sdk_overhead import bootstrap_pct
+
     out = subprocess.run([sys.executable, "bench/sdk_overhead.py", "--device", "cpu", "--size", "tiny", "--procs", "2",
                           "--blocks", "2", "--block-steps", "2", "--warmup", "1", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -40,11 +42,27 @@ def test_the_sdk_overhead_bench_runs_tiny_on_the_cpu(tmp_path: Path) -> None:
         line = next(x for x in out.stdout.splitlines() if x.startswith(f"{mode}: "))
         assert line.startswith(f"{mode}: {pct:+.2f} %, per round") and line.endswith(": within noise") == (
             abs(pct) <= result["noise_pct"]), line
+        # The bootstrap over processes, from the blocks the JSON keeps.
+        lo, hi = result["overhead_ci95_pct"][mode]
+        assert [lo, hi] == bootstrap_pct(result["block_ms"][mode], result["block_ms"]["none"])
+        assert f", 95 % bootstrap over processes {lo:+.2f} to {hi:+.2f} %, " in line
         # The loop's own thread inside rec.step: each process's median step, then the median of those.
         host = result["per_process_rec_step_host_ms"][mode]
         assert len(host) == 2 and all(ms > 0 for ms in host)
         assert result["rec_step_host_ms"][mode] == statistics.median(host)
         assert f"the loop's thread inside rec.step {statistics.median(host):.3f} ms a step; " in line
+
+
+def test_the_bootstrap_draws_processes_not_blocks() -> None:
+    from sdk_overhead import bootstrap_pct
+
+    none = [[100.0, 100.0], [100.0, 100.0]]
+    # Two processes a mode, 1 % and 3 % slower: a draw holds both (+2 %), or one of them twice (+1 % or +3 %).
+    assert bootstrap_pct([[101.0, 101.0], [103.0, 103.0]], none) == pytest.approx([1.0, 3.0])
+    assert bootstrap_pct([[101.0, 101.0], [101.0, 101.0]], none) == pytest.approx([1.0, 1.0])
+    # Blocks of one process do not make an interval: they are not independent runs.
+    assert bootstrap_pct([[101.0, 103.0]], none) is None
+    assert bootstrap_pct([[101.0], [103.0]], [[100.0, 100.0]]) is None
 
 
 @pytest.mark.parametrize(("flags", "said"), [(["--kernels"], "--kernels times the recorder's CUDA kernels"),
