@@ -409,7 +409,8 @@ def print_timeline(timeline: dict[str, list[dict[str, Any]]]) -> None:
 def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final: bool, traces: Path) -> dict[str, Any]:
     modes = list(runs)
     recorded = [m for m in modes if m != "none"]
-    step_ms = {m: statistics.median(b for run in runs[m] for b in run["block_ms"]) for m in modes}
+    blocks = {m: [run["block_ms"] for run in runs[m]] for m in modes}
+    step_ms = {m: statistics.median(b for run in blocks[m] for b in run) for m in modes}
     per_proc = {m: [statistics.median(run["block_ms"]) for run in runs[m]] for m in modes}
     device = runs["none"][0]["device"]
     layers, embd, heads, vocab, ctx, batch = SIZES[args.size]
@@ -433,15 +434,14 @@ def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], final
         "noise_pct": ((max(per_proc["none"]) - min(per_proc["none"])) / statistics.median(per_proc["none"]) * 100
                       if len(per_proc["none"]) > 1 else None),  # one process: not measured
         "overhead_range_pct": {m: [min(v), max(v)] for m, v in per_round.items()},
-        "overhead_ci95_pct": {m: bootstrap_pct([run["block_ms"] for run in runs[m]],
-                                               [run["block_ms"] for run in runs["none"]]) for m in recorded},
+        "overhead_ci95_pct": {m: bootstrap_pct(blocks[m], blocks["none"]) for m in recorded},
         # The loop's own thread inside rec.step (queueing the device's work, handing the record to the writer, and
         # waiting for the writer if four records already wait): the median over processes of each one's median
         # step. Beside the overhead it tells whether the loop pays the host's work (overhead about kernels plus
         # this) or the device hides it (overhead about kernels).
         "rec_step_host_ms": {m: statistics.median(run["rec_step_host_ms"] for run in runs[m]) for m in recorded},
         "per_process_rec_step_host_ms": {m: [run["rec_step_host_ms"] for run in runs[m]] for m in recorded},
-        "block_ms": {m: [run["block_ms"] for run in runs[m]] for m in modes},
+        "block_ms": blocks,
         "timeline": {m: [run["timeline"] for run in runs[m]] for m in modes} if args.timeline else None,
         "torch": runs["none"][0]["torch"],
         "date": datetime.date.today().isoformat(),
