@@ -1,9 +1,10 @@
-"""The seven processes a mode of this folder's two runs together: each process's median step against the median
+"""The processes of this folder's runs together (the two of the first call, and with `--repeat` also the two
+of the second call, `repeat/`): each process's median step against the median
 of the `none` processes, and a 95 % bootstrap over processes (10,000 draws, seeded). The bench's
 `bootstrap_pct`, each process given as one block of its median: the two runs have 10 and 3 blocks a process, and
 all blocks together would weigh the first run more.
 
-    python results/2026-12-07-h100-official-protocol/pooled.py
+    python results/2026-12-07-h100-official-protocol/pooled.py [--repeat]
 """
 
 import json
@@ -19,8 +20,9 @@ MODES = ("none", "default", "no_drift")
 
 
 def main() -> None:
+    runs = ["official", "procs6"] + (["repeat/official", "repeat/procs6"] if "--repeat" in sys.argv else [])
     steps: dict[str, list[float]] = {m: [] for m in MODES}
-    for run in ("official", "procs6"):
+    for run in runs:
         found = json.loads((HERE / run / "sdk_overhead.json").read_text())["per_process_median_ms"]
         for m in MODES:
             steps[m] += found[m]
