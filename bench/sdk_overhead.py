@@ -1,12 +1,13 @@
 """What `detlab.Recorder` costs a training loop, measured as a user's loop would see it.
 
 A lean GPT-2 written in plain PyTorch (SDPA attention, fused AdamW, bf16 autocast; no HF) trains in one process
-per mode: `none` (no recorder), `default` (`detlab.Recorder(out=...)`, drift on) and `no_drift`
-(`Recorder(drift=False)`). Processes run interleaved (none, default, no_drift, then the next round in another
-order), `--procs` per mode, so that a slow phase of the machine hits every mode. In each process, after warm-up,
-`--blocks` blocks of `--block-steps` steps are timed by the wall clock with a device sync only at each block's
-end: per step, what the loop pays, the host's work included. Each mode's step is the median over all its blocks;
-the overhead is that median against `none`'s.
+per mode: `none` (no recorder), `default` (`detlab.Recorder(out=...)`: digests every step, drift data every tenth)
+and `no_drift` (`Recorder(drift=False)`); `--every-step` adds `drift_every_step` (`Recorder(drift=True)`: drift
+data at every step, the default before it sketched every tenth). Processes run interleaved (none, default,
+no_drift, then the next round in another order), `--procs` per mode, so that a slow phase of the machine hits
+every mode. In each process, after warm-up, `--blocks` blocks of `--block-steps` steps are timed by the wall clock
+with a device sync only at each block's end: per step, what the loop pays, the host's work included. Each mode's
+step is the median over all its blocks; the overhead is that median against `none`'s.
 
     python bench/sdk_overhead.py                          # GPT-2 small, batch 8 x 1024, on cuda:0
     python bench/sdk_overhead.py --device cpu --size tiny --procs 1 --blocks 2 --block-steps 2   # a smoke test
@@ -62,6 +63,7 @@ MODES = ("none", "default", "no_drift")
 # torch fingerprint on the CPU): before and after from the same run.
 BEFORE = "default_before"
 BEFORE_ENV = {"DETLAB_ONEPASS": "0", "DETLAB_CPU_DEFER": "0", "DETLAB_FP_NUMBA": "0"}
+EVERY_STEP = "drift_every_step"  # --every-step: Recorder(drift=True)
 KERNELS = ("gpu_onepass", "gpu_fingerprint")  # --kernels: the recorder's GPU work alone
 # --timeline: the recorder's Triton kernels (detlab/tensors), the step marker (torch.cuda._sleep's kernel), the
 # steps a timeline skips while the queue fills.
@@ -194,7 +196,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
         if args.mode == BEFORE:
             os.environ.update(BEFORE_ENV)
-        rec = detlab.Recorder(out=Path(args.rec_dir) / f"{args.mode}-{os.getpid()}", drift=args.mode != "no_drift")
+        drift = {"no_drift": False, EVERY_STEP: True, BEFORE: True}.get(args.mode)  # else the default's
+        rec = detlab.Recorder(out=Path(args.rec_dir) / f"{args.mode}-{os.getpid()}",
+                              **({} if drift is None else {"drift": drift}))
 
     def sync() -> None:
         if device.type == "cuda":
@@ -328,16 +332,20 @@ def main() -> None:
     p.add_argument("--procs", type=int, default=3, help="processes per mode (interleaved)")
     p.add_argument("--blocks", type=int, default=10, help="timed blocks per process")
     p.add_argument("--block-steps", type=int, default=20, help="steps per block")
-    p.add_argument("--warmup", type=int, default=10)
+    # 25: past the default's third sketched step (0, 10, 20), so its one-pass graph, captured at the second, is
+    # replayed before the timed blocks.
+    p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--out", type=Path, default=None, help="directory for sdk_overhead.json")
     p.add_argument("--before", action="store_true",
                    help=f"also a mode {BEFORE}: the default recorder with {BEFORE_ENV}")
+    p.add_argument("--every-step", action="store_true",
+                   help=f"also a mode {EVERY_STEP}: the recorder with drift data at every step")
     p.add_argument("--kernels", action="store_true",
                    help=f"also modes {', '.join(KERNELS)}: the recorder's GPU work alone (CUDA only)")
     p.add_argument("--timeline", type=int, default=0, metavar="N",
                    help=f"after the timed blocks, N steps under torch.profiler, each step's GPU timeline (CUDA only; "
                         f"N > {TIMELINE_SKIP + 1})")
-    p.add_argument("--child", dest="mode", choices=(*MODES, BEFORE, *KERNELS), default=None,
+    p.add_argument("--child", dest="mode", choices=(*MODES, EVERY_STEP, BEFORE, *KERNELS), default=None,
                    help=argparse.SUPPRESS)
     p.add_argument("--rec-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -348,7 +356,8 @@ def main() -> None:
     if args.mode is not None:
         print(json.dumps(child(args)), flush=True)
         return
-    modes = (*MODES, *((BEFORE,) if args.before else ()), *(KERNELS if args.kernels else ()))
+    modes = (*MODES, *((EVERY_STEP,) if args.every_step else ()), *((BEFORE,) if args.before else ()),
+             *(KERNELS if args.kernels else ()))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as rec_dir:
         for r in range(args.procs):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from detlab.core import drift
+from detlab.sdk import load_run
 from tests.sdk.test_compare import compare, record
 
 
@@ -27,3 +29,12 @@ def test_a_recording_without_drift_data_gives_no_estimate_and_says_why(tmp_path:
     assert "drift: not estimated: run 2 recorded no parameter statistics" in compare(a, b).stdout
     drift = json.loads(compare(a, b, "--json").stdout)["drift"]
     assert drift["available"] is False and drift["max"] is None
+
+
+def test_runs_sketched_at_other_cadences_are_estimated_at_the_steps_both_sketched(tmp_path: Path) -> None:
+    a = record(tmp_path / "a", "--steps", "7", "--drift", "2")  # sketched at steps 0, 2, 4, 6
+    b = record(tmp_path / "b", "--steps", "7", "--drift", "3", flip="2:0:0.weight")  # at 0, 3, 6
+    summary = json.loads(compare(a, b, "--json").stdout)["drift"]
+    assert summary["available"] and summary["max"] > 0 and summary["max_step"] == 6
+    points = drift.compare(load_run(a), load_run(b, 2), per_rank=False)["points"]
+    assert [step for step, _ in points] == [0, 6] and points[0][1] == 0.0

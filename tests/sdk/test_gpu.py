@@ -15,14 +15,15 @@ from detlab.tensors.fingerprint import FP_VERSION, fingerprint_many
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def test_async_digests_are_of_the_tensors_at_the_call(tmp_path: Path) -> None:
+@pytest.mark.parametrize("drift", [True, 2, False])  # every step one read; one-pass and the fingerprint's in turn
+def test_async_digests_are_of_the_tensors_at_the_call(tmp_path: Path, drift: int) -> None:
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     busy = torch.randn(4096, 4096, device=dev)
     expected = {}
-    with detlab.Recorder(out=tmp_path / "a", grads=True, optimizer=opt) as rec:
+    with detlab.Recorder(out=tmp_path / "a", grads=True, optimizer=opt, drift=drift) as rec:
         for step in range(6):
             loss = model(torch.randn(64, 512, device=dev)).square().mean()
             opt.zero_grad()
@@ -46,6 +47,8 @@ def test_async_digests_are_of_the_tensors_at_the_call(tmp_path: Path) -> None:
     got = {r["step"]: [f"{FP_VERSION}:" + r["digests"][i : i + 32] for i in range(0, len(r["digests"]), 32)]
            for r in records if r["type"] == "step"}
     assert got == expected
+    assert [r["step"] for r in records if r["type"] == "step" and r["drift"]] == (
+        list(range(0, 6, drift)) if drift else [])
 
 
 def test_a_parameter_transposed_in_place_is_read_as_its_values_after_the_plan_was_reused(tmp_path: Path) -> None:

@@ -102,6 +102,37 @@ def test_every_records_the_multiples_of_n(tmp_path: Path) -> None:
     assert sorted(load_run(tmp_path / "a").steps()) == [0, 3, 6]
 
 
+def sketched_steps(out: Path) -> list[int]:
+    return [r["step"] for r in lines(out) if r["type"] == "step" and r["drift"]]
+
+
+def test_drift_data_come_at_the_multiples_of_its_cadence_and_the_digests_at_every_step(tmp_path: Path) -> None:
+    for name, drift in (("default", None), ("three", 3), ("every", True), ("none", False)):
+        train(tmp_path / name, steps=12, use_grads=True, **({} if drift is None else {"drift": drift}))
+    assert sketched_steps(tmp_path / "default") == [0, 10]  # detlab.sdk.recorder.DRIFT_EVERY
+    assert sketched_steps(tmp_path / "three") == [0, 3, 6, 9]
+    assert sketched_steps(tmp_path / "every") == list(range(12))
+    assert sketched_steps(tmp_path / "none") == []
+    digests = step_digests(tmp_path / "every")
+    assert len(digests) == 12 and all(step_digests(tmp_path / n) == digests for n in ("default", "three", "none"))
+    # A sketched step's statistics cover the gradients as well: three float64 per recorded tensor.
+    tensors = next(r for r in lines(tmp_path / "three") if r["type"] == "tensors")["tensors"]
+    assert any(t["name"].endswith(".grad") for t in tensors)
+    assert all(len(r["drift"]["stats"]) == 48 * len(tensors) for r in lines(tmp_path / "three") if r.get("drift"))
+
+
+def test_a_script_run_by_a_job_sketches_every_recorded_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DETLAB_RUN_DIR", str(tmp_path / "job"))  # as the worker sets it (worker/runner.py, script_env)
+    train(tmp_path / "mine", steps=3)
+    assert sketched_steps(tmp_path / "job") == [0, 1, 2]
+
+
+@pytest.mark.parametrize("drift", [-1, 2.5, "10", None])
+def test_a_drift_cadence_that_is_not_a_whole_number_of_steps_is_refused(tmp_path: Path, drift: Any) -> None:
+    with pytest.raises(ValueError, match="drift takes True, False or a whole number of steps >= 0"):
+        detlab.Recorder(out=tmp_path, drift=drift)
+
+
 def test_a_glob_filter_keeps_the_matching_tensors(tmp_path: Path) -> None:
     train(tmp_path / "a", names="*.weight", buffers=True)
     assert list(step_digests(tmp_path / "a")[0]) == ["0.weight", "1.weight", "3.weight"]
@@ -334,7 +365,7 @@ def test_records_from_the_writer_thread_equal_those_made_at_the_call(tmp_path: P
             if p.grad is not None:
                 p.grad.mul_(0.5)  # after rec.grads: the snapshot must not see it
 
-    options = {"use_grads": True, "with_optimizer": True, "buffers": True, "after_grads": scribble}
+    options = {"use_grads": True, "with_optimizer": True, "buffers": True, "after_grads": scribble, "drift": True}
     train(tmp_path / "later", steps=5, **options)
     monkeypatch.setenv("DETLAB_CPU_DEFER", "0")  # the old path: digests and sketches at the call
     train(tmp_path / "now", steps=5, **options)

@@ -3,7 +3,7 @@ under `torchrun --nproc-per-node N`. Deterministic on CPU: seeded model and data
 split over the ranks, one thread per rank.
 
 Usage: python train.py OUT [--steps N] [--every N] [--names GLOB ...] [--grads] [--buffers] [--optimizer-state]
-                      [--server URL] [--name NAME] [--hold STEP:FILE ...] [--no-drift]
+                      [--server URL] [--name NAME] [--hold STEP:FILE ...] [--drift N | --no-drift]
 
 OUT "-" with --server: no directory of our choosing (the recorder's spool dir). --hold STEP:FILE: before step
 STEP, wait until FILE exists, so that a test can stop the server mid-run and know the run is still going.
@@ -48,7 +48,8 @@ def main() -> dist.ProcessGroup | None:
     parser.add_argument("--name")
     parser.add_argument("--hold", action="append", default=[], metavar="STEP:FILE")
     parser.add_argument("--tags", nargs="*", default=[])
-    parser.add_argument("--no-drift", dest="drift", action="store_false")
+    parser.add_argument("--drift", type=int, default=1)  # every step: these runs are a few steps long
+    parser.add_argument("--no-drift", dest="drift", action="store_const", const=0)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
