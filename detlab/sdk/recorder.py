@@ -210,7 +210,6 @@ class Recorder:
             # them itself, every as many steps as the job asks, under the config's torch flags.
             out, server = run_dir, None
             every = int(os.environ.get("DETLAB_EVERY", every))
-            drift = 1 if drift else 0  # a job's runs are short: its pages show drift at every recorded step
             # A resume job's second launch continues the first's recording (detlab.worker.runner.phases).
             resume = resume or os.environ.get("DETLAB_RESUME") == "1"
             if probe_step := os.environ.get("DETLAB_PROBE_STEP"):  # a bisect of this script (detlab.sdk.probing)
@@ -228,6 +227,8 @@ class Recorder:
             raise ValueError(f"every must be a whole number of steps >= 1, got {every!r}")
         if not isinstance(drift, int) or drift < 0:
             raise ValueError(f"drift takes True, False or a whole number of steps >= 0, got {drift!r}")
+        if run_dir and drift:
+            drift = 1  # a job's runs are short: its pages show drift at every recorded step
         if isinstance(tags, str):
             raise TypeError("tags takes a list of strings, e.g. tags=['ci']")
         try:
