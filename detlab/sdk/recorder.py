@@ -63,8 +63,9 @@ def loss_bits(value: float | None) -> str:
 Sketched = Callable[[], "tuple[bytes, bytes] | None"]
 
 # The default drift cadence: stats and sketches at every 10th step. The comparison estimates drift at no more than
-# detlab.core.drift.POINTS sampled steps, so a long run loses nothing by it, and the loop pays the sketch's part of
-# the one-pass read (0.07 ms of 0.26 ms a step for GPT-2 small on an H100) at one step in ten.
+# detlab.core.drift.POINTS sampled steps, so a run of 2,000 steps or more loses no point by it; the loop pays the
+# sketch's part of the one-pass read (0.07 ms of 0.26 ms a step for GPT-2 small on an H100) at one step in ten
+# (the kernels' times; the loop at this cadence is not yet timed on a GPU).
 DRIFT_EVERY = 10
 
 
