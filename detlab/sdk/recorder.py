@@ -487,7 +487,7 @@ class Recorder:
             for t in tensors:
                 check_supported(t)
         sketcher = self._sketcher if drift else None
-        if drift and self._onepass is not None and (both := self._onepass.submit(tensors, key)) is not None:
+        if drift and (both := self._onepass.submit(tensors, key)) is not None:  # drift: a recorder that sketches
             return both
         if (snapshot := cpu_snapshot(tensors)) is not None:
             # The loop pays one copy; the writer thread hashes and sketches the copy, which nothing changes.
