@@ -193,7 +193,7 @@ def compare_runs(a: RunData, b: RunData) -> RunComparison:
     if lone_steps:
         notes.append(f"{len(lone_steps)} recorded step(s) exist in one run only and were not compared")
     missing = missing_data(a, b)
-    drifted = drift.compare(a, b, per_rank)
+    drifted = drift.compare(a, b, per_rank, first_step)
     first_component = (components.first_component(a, b, first_step, first_ranks, first_tensors)
                        if first_step is not None else None)
     resume = components.resume_check(b) or components.resume_check(a)

@@ -97,11 +97,18 @@ def _verdict(points: list[list[float]], level: tuple[str, float] | None, sampled
     return f"grows to {_text(peak)} by step {int(peak_step)} ({peak / ulp:.3g} × one {dtype} ulp, {_text(ulp)})"
 
 
-def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
+def _verdict_after(diverged_at: int, last: list[float]) -> str:
+    """The verdict where the runs part after every step both sketched (a short run under Recorder()'s cadence)."""
+    return (f"not estimated after the divergence at step {diverged_at}: the last step both runs sketched is "
+            f"{int(last[0])} (distance {_text(last[1])} there); Recorder(drift=True) sketches every step")
+
+
+def compare(a: RunData, b: RunData, per_rank: bool, diverged_at: int | None) -> dict[str, Any]:
     """The drift between two comparable runs, from the statistics loaded in their records: `points` per step
     (the worst rank's estimate of ‖A−B‖/‖A‖), `ranks` per rank where they differ (the MAX_RANKS furthest
     apart), `loss_delta`, the dtype's rounding level and the verdict text. `available` False says why (never
-    a made-up zero)."""
+    a made-up zero). `diverged_at`, the first step whose digests differ, keeps the verdict from calling runs
+    bit-identical at steps that all precede it."""
     common = _common(a, b)
     reason = _unavailable(a, b, common)
     base = {"version": sketch.VERSION, "k": sketch.K, "relative_error": sketch.RELATIVE_ERROR}
@@ -135,8 +142,11 @@ def compare(a: RunData, b: RunData, per_rank: bool) -> dict[str, Any]:
         by_rank = {r: by_rank[r] for r in sorted(worst, key=int)}
     sampled = len(steps) < len(common)
     peak_step, peak = max(points, key=lambda p: (p[1], -p[0]))
+    verdict = _verdict(points, level, sampled)
+    if diverged_at is not None and points[-1][0] < diverged_at:
+        verdict = _verdict_after(diverged_at, points[-1])
     return {**base, "available": True, "reason": None, "points": points,
             "ranks": {} if same_ranks else by_rank, "loss_delta": loss_delta,
             "dtype": level[0] if level else None, "rounding_level": level[1] if level else None,
             "max": peak, "max_step": int(peak_step), "sampled": sampled,
-            "verdict": _verdict(points, level, sampled)}
+            "verdict": verdict}

@@ -115,3 +115,19 @@ def test_a_difference_that_starts_later_is_not_called_initial() -> None:
         for (step, _), record in data.records.items():
             record.digests = bytes([1 if data is a or step == 0 else 2]) * (DIGEST_BYTES * len(TENSORS))
     assert compared(a, b)["drift"]["verdict"].startswith("grows to")
+
+
+def test_a_divergence_after_the_last_sketched_step_is_not_called_bit_identical() -> None:
+    """Recorder() sketches every tenth step: runs of 6 steps parting at step 2 share one sketched step (0), where
+    the distance is 0. The verdict says the drift after the divergence was not estimated, not "bit-identical"."""
+    a, b = run(1, {s: 0 for s in range(6)}), run(2, {s: 0 if s < 2 else 1e-3 for s in range(6)})
+    for data in (a, b):
+        for (step, _), record in data.records.items():
+            record.digests = bytes([1 if data is a or step < 2 else 2]) * (DIGEST_BYTES * len(TENSORS))
+            if step:
+                record.drift_version = record.stats = record.sketch = None
+    result = compared(a, b)
+    assert (result["verdict"], result["first_divergent_step"]) == ("diverged", 2)
+    assert result["drift"]["verdict"] == (
+        "not estimated after the divergence at step 2: the last step both runs sketched is 0 (distance 0 there); "
+        "Recorder(drift=True) sketches every step")

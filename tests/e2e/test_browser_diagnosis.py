@@ -38,6 +38,8 @@ def test_both_diagnosis_kinds_from_the_form_to_the_heatmap_and_the_audit_table(e
         page.goto(embedded.url)
         page.select_option("#kind", "batch-invariance")
         expect(page.locator("#world-size-field")).to_be_hidden()
+        # the boxes come with GET /api/v1/meta, which may answer after the kind is chosen
+        expect(page.locator("#bi-op-checks input")).to_have_count(len(INVARIANCE_OPS))
         assert page.eval_on_selector_all("#bi-op-checks input", "els => els.map(e => e.value)") == list(INVARIANCE_OPS)
         page.fill("#features", "100")  # not a multiple of 16: refused on the page, nothing sent
         page.click("#submit")

@@ -36,5 +36,14 @@ def test_runs_sketched_at_other_cadences_are_estimated_at_the_steps_both_sketche
     b = record(tmp_path / "b", "--steps", "7", "--drift", "3", flip="2:0:0.weight")  # at 0, 3, 6
     summary = json.loads(compare(a, b, "--json").stdout)["drift"]
     assert summary["available"] and summary["max"] > 0 and summary["max_step"] == 6
-    points = drift.compare(load_run(a), load_run(b, 2), per_rank=False)["points"]
+    points = drift.compare(load_run(a), load_run(b, 2), per_rank=False, diverged_at=2)["points"]
     assert [step for step, _ in points] == [0, 6] and points[0][1] == 0.0
+
+
+def test_runs_that_part_after_the_last_step_both_sketched_say_the_drift_was_not_estimated(tmp_path: Path) -> None:
+    """Recorder()'s cadence (every tenth step) on a run of 6 steps: only step 0 is sketched, before the flip."""
+    a = record(tmp_path / "a", "--drift", "10")
+    b = record(tmp_path / "b", "--drift", "10", flip="2:0:0.weight")
+    line = next(x for x in compare(a, b).stdout.splitlines() if "drift" in x)
+    assert line.endswith("not estimated after the divergence at step 2: the last step both runs sketched is 0 "
+                         "(distance 0 there); Recorder(drift=True) sketches every step"), line
