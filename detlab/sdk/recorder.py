@@ -419,9 +419,8 @@ class Recorder:
             self._finish("failed")  # as for a step out of order: never left `running`
             raise
         # Queued on the device now, read on the writer thread: the loop never waits for them.
-        drifts = self._drifts(step)
-        digests, sketched = (self._queue(plain, key, drift=drifts) if plain is not None
-                             else self._queue([t for _, t in state], drift=drifts))
+        digests, sketched = self._queue(plain if plain is not None else [t for _, t in state], key,
+                                        drift=self._drifts(step))
         if absent is not None:
             sketched = None  # a restore's record has no drift: the state it restored is compared, not its motion
         read_batch = train_state.submit_batch(batch, self._digester) if batch is not None else None
